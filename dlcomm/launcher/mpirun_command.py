@@ -1,0 +1,78 @@
+"""Builds the ``mpirun`` argument list for a dlcomm job.
+
+The launcher, the tests and the benchmarks all start ranks through this one function, so
+the flags Open MPI needs on a given machine (root, oversubscription, yielding idle ranks)
+are decided in one place.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+
+# Environment variables forwarded to every rank with ``-x`` when set in the launcher's env.
+FORWARDED_PREFIXES = ("DLCOMM_", "OMP_", "PYTHON", "OPENBLAS_", "MKL_", "CUDA_", "NCCL_")
+FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "HOME")
+
+
+def local_core_count() -> int:
+    """Cores this process may run on (affinity-aware), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def forwarded_env_names(env: Mapping[str, str]) -> list[str]:
+    """Names of variables in ``env`` that ranks need to see (sorted, for stable commands)."""
+    return sorted(
+        k for k in env if k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES)
+    )
+
+
+def build_mpirun_command(
+    np: int,
+    command: Sequence[str],
+    *,
+    hosts: str | None = None,
+    hostfile: str | None = None,
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    mpirun: str = "mpirun",
+    is_root: bool | None = None,
+    cores: int | None = None,
+) -> list[str]:
+    """Return the mpirun argv that runs ``command`` on ``np`` ranks.
+
+    Root and oversubscription flags are added only when needed: ``--allow-run-as-root``
+    when running as root, and ``--oversubscribe --bind-to none`` plus
+    ``mpi_yield_when_idle`` when a local job has more ranks than cores (spinning idle
+    ranks otherwise starve the busy ones).
+    """
+    if not isinstance(np, int) or isinstance(np, bool) or np < 1:
+        raise ValueError(f"np must be a positive integer, got {np!r}")
+    if not command:
+        raise ValueError("no command to run: give the program and its arguments")
+    env = os.environ if env is None else env
+    is_root = (os.geteuid() == 0) if is_root is None else is_root
+    cores = local_core_count() if cores is None else cores
+    argv = [mpirun, "-np", str(np)]
+    if is_root:
+        argv.append("--allow-run-as-root")
+    if hosts:
+        argv += ["-H", hosts]
+    if hostfile:
+        argv += ["--hostfile", hostfile]
+    local_only = not hosts and not hostfile
+    if local_only and np > cores:
+        argv += ["--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
+    for name in forwarded_env_names(env):
+        argv += ["-x", name]
+    argv += list(extra_args)
+    argv += list(command)
+    return argv
+
+
+def mpirun_available(mpirun: str = "mpirun") -> bool:
+    """True when an ``mpirun`` executable is on PATH."""
+    return shutil.which(mpirun) is not None

@@ -1,0 +1,50 @@
+"""Installs dlcomm: the core package, the framework adapters as ``dlcomm.<framework>``,
+the ``dlcommrun`` and ``dlcomm`` console scripts, and optional native kernels."""
+from setuptools import setup
+
+ADAPTERS = {
+    "dlcomm.torch": "frameworks/torch",
+    "dlcomm.tensorflow": "frameworks/tensorflow",
+    "dlcomm.mxnet": "frameworks/mxnet",
+}
+CORE = [
+    "dlcomm",
+    "dlcomm.comm",
+    "dlcomm.engine",
+    "dlcomm.compression",
+    "dlcomm.collectives",
+    "dlcomm.sync",
+    "dlcomm.launcher",
+    "dlcomm.cli",
+    "dlcomm.bench",
+]
+
+setup(
+    name="dlcomm",
+    version="0.1.0",
+    description="Horovod-style data-parallel training that is fast when communication is the bottleneck",
+    python_requires=">=3.9",
+    packages=CORE + list(ADAPTERS),
+    package_dir={"": ".", **ADAPTERS},
+    install_requires=[
+        "numpy>=1.23",
+        # mpi4py 4 ships wheels that load the system's libmpi at run time.
+        "mpi4py>=3.1",
+    ],
+    extras_require={
+        # torch 2.13.0 is the CPU build that lies on this machine's disk; a bare "torch"
+        # pulls a multi-GB CUDA build from PyPI.
+        "torch": ["torch==2.13.0", "scikit-learn", "tqdm"],
+        "tensorflow": ["tensorflow"],
+        "mxnet": ["mxnet==1.9.1"],
+        "cupy": ["cupy-cuda12x", "nvidia-nccl-cu12"],
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "tqdm"],
+        "bench": ["matplotlib"],
+    },
+    entry_points={
+        "console_scripts": [
+            "dlcommrun = dlcomm.launcher.dlcommrun:main",
+            "dlcomm = dlcomm.cli.main:main",
+        ]
+    },
+)
