@@ -41,6 +41,7 @@ def build_mpirun_command(
     mpirun: str = "mpirun",
     is_root: bool | None = None,
     cores: int | None = None,
+    forward_env: Sequence[str] = (),
 ) -> list[str]:
     """Return the mpirun argv that runs ``command`` on ``np`` ranks.
 
@@ -48,11 +49,21 @@ def build_mpirun_command(
     when running as root, and ``--oversubscribe --bind-to none`` plus
     ``mpi_yield_when_idle`` when a local job has more ranks than cores (spinning idle
     ranks otherwise starve the busy ones).
+
+    ``forward_env`` holds the user's own ``-x`` entries (``NAME`` or ``NAME=VALUE``); they
+    are passed after the automatic ones, and a name the user gave is not forwarded twice.
     """
     if not isinstance(np, int) or isinstance(np, bool) or np < 1:
         raise ValueError(f"np must be a positive integer, got {np!r}")
     if not command:
         raise ValueError("no command to run: give the program and its arguments")
+    if isinstance(forward_env, str):
+        raise TypeError("forward_env must be a list of 'NAME' or 'NAME=VALUE' strings")
+    user_names = set()
+    for entry in forward_env:
+        if not isinstance(entry, str) or not entry.split("=", 1)[0]:
+            raise ValueError(f"forward_env entry {entry!r} is not 'NAME' or 'NAME=VALUE'")
+        user_names.add(entry.split("=", 1)[0])
     env = os.environ if env is None else env
     is_root = (os.geteuid() == 0) if is_root is None else is_root
     cores = local_core_count() if cores is None else cores
@@ -65,9 +76,15 @@ def build_mpirun_command(
         argv += ["--hostfile", hostfile]
     local_only = not hosts and not hostfile
     if local_only and np > cores:
-        argv += ["--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
+        argv.append("--oversubscribe")
+        if not any(a in ("--bind-to", "-bind-to") for a in extra_args):  # user's choice wins
+            argv += ["--bind-to", "none"]
+        argv += ["--mca", "mpi_yield_when_idle", "1"]
     for name in forwarded_env_names(env):
-        argv += ["-x", name]
+        if name not in user_names:
+            argv += ["-x", name]
+    for entry in forward_env:
+        argv += ["-x", entry]
     argv += list(extra_args)
     argv += list(command)
     return argv
