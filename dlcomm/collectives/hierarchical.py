@@ -1,0 +1,194 @@
+"""Hierarchical all-reduce: reduce inside each host, all-reduce among host leaders, broadcast.
+
+Only one rank per host (its leader) talks over the network, so the slow inter-host link
+carries ``hosts`` participants instead of ``p``, while the fast shared-memory links inside
+a host take the reduce and broadcast. Hosts are found with
+``comm.Split_type(MPI.COMM_TYPE_SHARED)``; the sub-communicators are built once per parent
+communicator and cached on it as an MPI attribute, so they are freed with the parent.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+from dlcomm.collectives.buffers import (
+    check_comm,
+    check_send_recv_pair,
+    is_same_buffer,
+    raise_collective_errors,
+)
+from dlcomm.collectives.halving_doubling import rhd_allreduce
+from dlcomm.collectives.native import native_allreduce
+from dlcomm.collectives.reduction import reduction_ufunc
+from dlcomm.collectives.ring import ring_allreduce
+from dlcomm.collectives.tree import (
+    binomial_broadcast_inplace,
+    binomial_reduce_inplace,
+    tree_allreduce,
+)
+from dlcomm.ops import ReduceOp
+
+# Flat algorithms the host leaders may run among themselves.
+LEADER_ALGORITHMS: dict[str, Callable[..., np.ndarray]] = {
+    "native": native_allreduce,
+    "ring": ring_allreduce,
+    "rhd": rhd_allreduce,
+    "tree": tree_allreduce,
+}
+DEFAULT_LEADER_ALGORITHM = "ring"
+LEADER_ALGORITHM_ENV = "DLCOMM_HIERARCHICAL_LEADER_ALGORITHM"
+RANKS_PER_HOST_ENV = "DLCOMM_HIERARCHICAL_RANKS_PER_HOST"
+
+
+def _check_leader_algorithm(name: object) -> str:
+    """Require one of the flat algorithm names."""
+    if not isinstance(name, str) or name.strip().lower() not in LEADER_ALGORITHMS:
+        valid = ", ".join(LEADER_ALGORITHMS)
+        raise ValueError(f"unknown leader_algorithm {name!r}; valid: {valid}")
+    return name.strip().lower()
+
+
+def _check_ranks_per_host(value: object) -> int | None:
+    """Require ``None`` (use the shared-memory split) or a positive integer."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"ranks_per_host must be a positive integer or None, got {value!r}")
+    return int(value)
+
+
+class HierarchicalAllreduce:
+    """A host-aware all-reduce over one parent communicator, with its sub-communicators.
+
+    Constructing it is collective over ``comm`` (it splits the communicator twice); call
+    it like the flat algorithms: ``h(sendbuf, recvbuf, op)``. ``ranks_per_host`` replaces
+    the shared-memory split by groups of that many consecutive ranks, which lets a single
+    machine (where every rank shares memory) exercise the multi-host path.
+    """
+
+    def __init__(
+        self,
+        comm: MPI.Intracomm,
+        *,
+        leader_algorithm: str = DEFAULT_LEADER_ALGORITHM,
+        ranks_per_host: int | None = None,
+    ) -> None:
+        self.comm = check_comm(comm)
+        self.leader_algorithm = _check_leader_algorithm(leader_algorithm)
+        self.ranks_per_host = _check_ranks_per_host(ranks_per_host)
+        rank = comm.Get_rank()
+        if self.ranks_per_host is None:
+            self.local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        else:
+            self.local_comm = comm.Split(rank // self.ranks_per_host, key=rank)
+        self.is_leader = self.local_comm.Get_rank() == 0
+        self.leader_comm = comm.Split(0 if self.is_leader else MPI.UNDEFINED, key=rank)
+        # Every rank learns the host count, so all ranks can report the same topology.
+        self.host_count = comm.allreduce(1 if self.is_leader else 0)
+
+    def __call__(
+        self,
+        sendbuf: np.ndarray,
+        recvbuf: np.ndarray,
+        op: ReduceOp | str = ReduceOp.SUM,
+    ) -> np.ndarray:
+        """All-reduce ``sendbuf`` into ``recvbuf`` over the parent communicator; see module."""
+        return self.allreduce(sendbuf, recvbuf, op)
+
+    @raise_collective_errors
+    def allreduce(
+        self,
+        sendbuf: np.ndarray,
+        recvbuf: np.ndarray,
+        op: ReduceOp | str = ReduceOp.SUM,
+    ) -> np.ndarray:
+        """Reduce to the host leader, all-reduce among leaders, broadcast from the leader.
+
+        Buffers are contiguous 1-D numpy arrays of equal size and dtype on every rank;
+        ``sendbuf is recvbuf`` reduces in place. Returns ``recvbuf``.
+        """
+        if self.local_comm == MPI.COMM_NULL:
+            raise ValueError("this HierarchicalAllreduce was freed; build a new one")
+        ufunc = reduction_ufunc(op)
+        send, recv = check_send_recv_pair(sendbuf, recvbuf)
+        if not is_same_buffer(send, recv):
+            np.copyto(recv, send)
+        binomial_reduce_inplace(self.local_comm, recv, ufunc, 0)
+        if self.is_leader:
+            LEADER_ALGORITHMS[self.leader_algorithm](self.leader_comm, recv, recv, op)
+        binomial_broadcast_inplace(self.local_comm, recv, 0)
+        return recv
+
+    def free(self) -> None:
+        """Free the sub-communicators (collective over the parent's ranks); idempotent."""
+        for name in ("leader_comm", "local_comm"):
+            sub = getattr(self, name)
+            if sub != MPI.COMM_NULL and not MPI.Is_finalized():
+                sub.Free()
+            setattr(self, name, MPI.COMM_NULL)
+
+    def __repr__(self) -> str:
+        return (
+            f"HierarchicalAllreduce(size={self.comm.Get_size()}, hosts={self.host_count}, "
+            f"leader_algorithm={self.leader_algorithm!r}, ranks_per_host={self.ranks_per_host})"
+        )
+
+
+def _free_cached_instances(comm: MPI.Comm, keyval: int, cache: dict) -> None:
+    """MPI attribute delete callback: free the cached sub-communicators with their parent."""
+    for instance in cache.values():
+        instance.free()
+
+
+_CACHE_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_cached_instances)
+
+
+def cached_hierarchical_allreduce(
+    comm: MPI.Intracomm,
+    *,
+    leader_algorithm: str | None = None,
+    ranks_per_host: int | None = None,
+) -> HierarchicalAllreduce:
+    """The ``HierarchicalAllreduce`` for ``comm`` and these settings, built on first use.
+
+    Collective over ``comm`` on the first call for a given setting. Settings left as
+    ``None`` come from ``DLCOMM_HIERARCHICAL_LEADER_ALGORITHM`` (default ``ring``) and
+    ``DLCOMM_HIERARCHICAL_RANKS_PER_HOST`` (default: the shared-memory split).
+    """
+    comm = check_comm(comm)
+    if leader_algorithm is None:
+        leader_algorithm = os.environ.get(LEADER_ALGORITHM_ENV, DEFAULT_LEADER_ALGORITHM)
+    leader_algorithm = _check_leader_algorithm(leader_algorithm)
+    if ranks_per_host is None and os.environ.get(RANKS_PER_HOST_ENV, "").strip():
+        text = os.environ[RANKS_PER_HOST_ENV].strip()
+        if not text.isdigit():
+            raise ValueError(f"{RANKS_PER_HOST_ENV}={text!r} must be a positive integer")
+        ranks_per_host = int(text)
+    ranks_per_host = _check_ranks_per_host(ranks_per_host)
+    cache = comm.Get_attr(_CACHE_KEYVAL)
+    if cache is None:
+        cache = {}
+        comm.Set_attr(_CACHE_KEYVAL, cache)
+    key = (leader_algorithm, ranks_per_host)
+    if key not in cache:
+        cache[key] = HierarchicalAllreduce(
+            comm, leader_algorithm=leader_algorithm, ranks_per_host=ranks_per_host
+        )
+    return cache[key]
+
+
+def hierarchical_allreduce(
+    comm: MPI.Intracomm,
+    sendbuf: np.ndarray,
+    recvbuf: np.ndarray,
+    op: ReduceOp | str = ReduceOp.SUM,
+) -> np.ndarray:
+    """All-reduce through the cached ``HierarchicalAllreduce`` of ``comm`` (settings from env).
+
+    Same contract as the flat algorithms; the first call on a communicator is where the
+    sub-communicators are built. Returns ``recvbuf``.
+    """
+    return cached_hierarchical_allreduce(comm)(sendbuf, recvbuf, op)

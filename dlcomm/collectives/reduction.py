@@ -1,0 +1,59 @@
+"""Reduction operators for the point-to-point collectives: ReduceOp -> numpy ufunc and MPI op.
+
+The algorithms combine a received block into the local one with ``ufunc(local, received,
+out=local)``, so every reduction is elementwise, in place, and works for any numpy (or
+array-API) array. Average is not an operator here: the caller sums, then scales once.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from dlcomm.ops import ReduceOp, as_reduce_op
+
+_UFUNCS: dict[ReduceOp, np.ufunc] = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PRODUCT: np.multiply,
+}
+
+_MPI_OPS: dict[ReduceOp, MPI.Op] = {
+    ReduceOp.SUM: MPI.SUM,
+    ReduceOp.MIN: MPI.MIN,
+    ReduceOp.MAX: MPI.MAX,
+    ReduceOp.PRODUCT: MPI.PROD,
+}
+
+SUPPORTED_OPS = tuple(_UFUNCS)
+
+
+def as_collective_op(op: object) -> ReduceOp:
+    """Accept a ``ReduceOp`` or its name; reject Average and Adasum with a ``ValueError``.
+
+    Average is refused because averaging inside an algorithm would divide on every hop;
+    the caller sums with the collective and scales the result once.
+    """
+    result = as_reduce_op(op)
+    if result is ReduceOp.AVERAGE:
+        raise ValueError(
+            "op=Average is not a collective operator: all-reduce with op='sum' and divide "
+            "the result by comm.Get_size()"
+        )
+    return result
+
+
+def reduction_ufunc(op: object) -> np.ufunc:
+    """The numpy ufunc that combines two blocks for ``op`` (sum, min, max, product)."""
+    return _UFUNCS[as_collective_op(op)]
+
+
+def mpi_op(op: object) -> MPI.Op:
+    """The predefined MPI operator for ``op``, used by the ``native`` algorithm."""
+    return _MPI_OPS[as_collective_op(op)]
+
+
+def reduce_into(accumulator: np.ndarray, incoming: np.ndarray, ufunc: np.ufunc) -> None:
+    """Combine ``incoming`` into ``accumulator`` in place: ``accumulator = ufunc(acc, in)``."""
+    if accumulator.size:
+        ufunc(accumulator, incoming, out=accumulator)

@@ -1,0 +1,58 @@
+"""All-reduce algorithms found by name, and the one ``DLCOMM_ALLREDUCE_ALGORITHM`` selects.
+
+Every entry has the signature ``algorithm(comm, sendbuf, recvbuf, op) -> recvbuf``, so the
+engine can swap them without knowing which one runs.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
+import numpy as np
+from mpi4py import MPI
+
+from dlcomm.collectives.halving_doubling import rhd_allreduce
+from dlcomm.collectives.hierarchical import hierarchical_allreduce
+from dlcomm.collectives.native import native_allreduce
+from dlcomm.collectives.ring import ring_allreduce
+from dlcomm.collectives.tree import tree_allreduce
+from dlcomm.ops import ReduceOp
+
+AllreduceAlgorithm = Callable[[MPI.Intracomm, np.ndarray, np.ndarray, "ReduceOp | str"], np.ndarray]
+
+ALLREDUCE_ALGORITHMS: dict[str, AllreduceAlgorithm] = {
+    "native": native_allreduce,
+    "ring": ring_allreduce,
+    "rhd": rhd_allreduce,
+    "tree": tree_allreduce,
+    "hierarchical": hierarchical_allreduce,
+}
+ALLREDUCE_ALGORITHM_ENV = "DLCOMM_ALLREDUCE_ALGORITHM"
+DEFAULT_ALLREDUCE_ALGORITHM = "native"
+
+
+def get_allreduce_algorithm(name: str) -> AllreduceAlgorithm:
+    """The all-reduce function called ``name`` (case-insensitive); ValueError lists valid names."""
+    if not isinstance(name, str):
+        raise TypeError(f"algorithm name must be a string, got {type(name).__name__}")
+    key = name.strip().lower()
+    if key not in ALLREDUCE_ALGORITHMS:
+        valid = ", ".join(ALLREDUCE_ALGORITHMS)
+        raise ValueError(f"unknown all-reduce algorithm {name!r}; valid names: {valid}")
+    return ALLREDUCE_ALGORITHMS[key]
+
+
+def algorithm_name_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """The algorithm name in ``DLCOMM_ALLREDUCE_ALGORITHM`` (default ``native``), validated."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(ALLREDUCE_ALGORITHM_ENV, "").strip() or DEFAULT_ALLREDUCE_ALGORITHM
+    try:
+        get_allreduce_algorithm(raw)
+    except ValueError as exc:
+        raise ValueError(f"{ALLREDUCE_ALGORITHM_ENV}: {exc}") from None
+    return raw.lower()
+
+
+def algorithm_from_env(environ: Mapping[str, str] | None = None) -> AllreduceAlgorithm:
+    """The all-reduce function that ``DLCOMM_ALLREDUCE_ALGORITHM`` names (default ``native``)."""
+    return get_allreduce_algorithm(algorithm_name_from_env(environ))
