@@ -1,0 +1,235 @@
+"""The compressor interface: one tensor into payloads and back, driven round by round.
+
+A step of a compressed all-reduce for one tensor is a short, fixed list of rounds, declared
+by ``Compressor.rounds``. Each round is one collective over the payloads the compressor
+produced:
+
+* ``ALLREDUCE``: payloads are summable; the driver sums each payload over ranks.
+* ``ALLGATHER``: payloads are not summable; the driver gathers every rank's payloads.
+* ``SPARSE_MERGE``: payloads are sparse (values, indices); the driver merges them pairwise
+  over a tree with ``Compressor.merge`` (gTop-k) and every rank ends with the same result.
+
+Protocol (what a driver, the unfused ``exchange.compressed_allreduce`` or a fusion engine,
+does)::
+
+    payloads, ctx = c.compress(tensor, name)            # round 0 payloads
+    for i, kind in enumerate(c.rounds):
+        result = <collective `kind` over payloads>      # summed / gathered / merged
+        if i < len(c.rounds) - 1:
+            payloads, ctx = c.resume(result, ctx)       # next round's payloads
+    if kind == ALLREDUCE:
+        out = c.decompress(result, ctx)                 # sum over ranks; / size to average
+    else:  # ALLGATHER
+        out = c.aggregate([c.decompress(p, ctx) for p in result], op)
+
+All rounds of all tensors with the same round index can be fused into one buffer: a round's
+payloads depend only on that tensor's previous round. Results are sums; averaging divides at
+the end (low-rank compressors orthogonalise, which is scale-free, so sums are enough).
+
+Compressors hold no state other than per-tensor-name state objects (``self.states``), e.g.
+PowerSGD's warm-start Q or a step counter. ``decompress`` on ALLREDUCE results is called
+exactly once per step and tensor, so it may update such state; ``local_estimate`` (what this
+rank alone sent, used by error feedback) and ``decompress`` of ALLGATHER payloads must not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dlcomm.compression.array_api import FLOAT_DTYPES, array_namespace
+
+ALLREDUCE = "allreduce"
+ALLGATHER = "allgather"
+SPARSE_MERGE = "sparse_merge"
+ROUND_KINDS = (ALLREDUCE, ALLGATHER, SPARSE_MERGE)
+OPS = ("sum", "average")
+
+DEFAULT_MIN_COMPRESS_SIZE = 1024
+
+
+@dataclass
+class Context:
+    """What decompress needs besides payloads: shape, dtype, current round, per-call data.
+
+    ``shape``/``dtype``/``name`` are the same on every rank, so a context can decompress
+    another rank's payloads (ALLGATHER). ``data`` holds call-local values (e.g. PowerSGD's
+    orthogonalised P, error feedback's accumulated gradient).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    round: int = 0
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """Number of elements of the original tensor."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def check_tensor(tensor: object, name: object) -> None:
+    """Raise TypeError unless ``tensor`` is a float16/32/64 array and ``name`` a str."""
+    array_namespace(tensor)
+    if tensor.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"tensor {name!r}: dtype {tensor.dtype} is not compressible; expected one of "
+            f"{[str(d) for d in FLOAT_DTYPES]}"
+        )
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"tensor name must be a non-empty str, got {name!r}")
+
+
+def check_op(op: str) -> None:
+    """Raise ValueError unless ``op`` is 'sum' or 'average'."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {list(OPS)}, got {op!r}")
+
+
+class Compressor:
+    """Base class: a lossy (or lossless) codec for one tensor plus how its payloads combine.
+
+    Subclasses set ``name`` and ``rounds`` and implement ``_compress`` and ``decompress``;
+    multi-round ones also ``_resume``; SPARSE_MERGE ones ``merge``. Arguments common to all:
+    ``min_compress_size`` (tensors with fewer elements bypass compression) and
+    ``compress_1d`` (1-D tensors, e.g. biases, bypass unless True); see ``applies_to``.
+    """
+
+    name: str = "base"
+    rounds: tuple[str, ...] = (ALLREDUCE,)
+
+    def __init__(
+        self, *, min_compress_size: int = DEFAULT_MIN_COMPRESS_SIZE, compress_1d: bool = False
+    ) -> None:
+        if not isinstance(min_compress_size, (int, np.integer)) or min_compress_size < 0:
+            raise ValueError(f"min_compress_size must be an int >= 0, got {min_compress_size!r}")
+        self.min_compress_size = int(min_compress_size)
+        self.compress_1d = bool(compress_1d)
+        self.states: dict[str, Any] = {}
+
+    # -- properties a driver reads -------------------------------------------------------
+    @property
+    def summable(self) -> bool:
+        """True when every round is an all-reduce (payloads can ride dense fusion buffers)."""
+        return all(kind == ALLREDUCE for kind in self.rounds)
+
+    def applies_to(self, tensor: object) -> bool:
+        """Whether ``tensor`` is compressed; small and (by default) 1-D tensors go dense."""
+        if tensor.size < max(1, self.min_compress_size):
+            return False
+        return tensor.ndim >= 2 or self.compress_1d
+
+    # -- the protocol ----------------------------------------------------------------------
+    def compress(self, tensor: object, name: str) -> tuple[list, Context]:
+        """Return round 0's payloads for ``tensor`` and the context for the next calls."""
+        check_tensor(tensor, name)
+        return self._compress(tensor, name)
+
+    def resume(self, reduced: list, ctx: Context) -> tuple[list, Context]:
+        """Given the collective's result of the current round, return the next round's payloads."""
+        if ctx.round >= len(self.rounds) - 1:
+            raise ValueError(
+                f"tensor {ctx.name!r}: {self.name} has {len(self.rounds)} round(s); "
+                f"resume called after round {ctx.round}"
+            )
+        ctx.round += 1
+        return self._resume(reduced, ctx)
+
+    def decompress(self, payloads: list, ctx: Context) -> object:
+        """Rebuild a tensor of ``ctx.shape``/``ctx.dtype`` from final-round payloads."""
+        raise NotImplementedError
+
+    def local_estimate(self, payloads: list, ctx: Context) -> object:
+        """This rank's own contribution from its final-round payloads (pure; error feedback)."""
+        return self.decompress(payloads, ctx)
+
+    def aggregate(self, tensors: list, op: str = "average") -> object:
+        """Combine decompressed ALLGATHER results of all ranks (default: sum or mean)."""
+        check_op(op)
+        if not tensors:
+            raise ValueError("aggregate needs at least one tensor")
+        out = tensors[0].copy()
+        for t in tensors[1:]:
+            out += t
+        if op == "average":
+            out /= len(tensors)
+        return out
+
+    def merge(self, lower: list, higher: list, ctx: Context) -> list:
+        """Combine two ranks' SPARSE_MERGE payloads (lower rank first, so all ranks agree)."""
+        raise NotImplementedError(f"{self.name} has no SPARSE_MERGE round")
+
+    def reset_state(self, name: str | None = None) -> None:
+        """Forget per-tensor state (all tensors when ``name`` is None)."""
+        if name is None:
+            self.states.clear()
+        else:
+            self.states.pop(name, None)
+
+    # -- for subclasses --------------------------------------------------------------------
+    def _compress(self, tensor: object, name: str) -> tuple[list, Context]:
+        raise NotImplementedError
+
+    def _resume(self, reduced: list, ctx: Context) -> tuple[list, Context]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _context(tensor: object, name: str) -> Context:
+        return Context(name=name, shape=tuple(tensor.shape), dtype=np.dtype(tensor.dtype))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
+
+    def describe(self) -> str:
+        """The registry spec that builds an equivalent compressor (best effort)."""
+        return self.name
+
+
+class CompressorWrapper(Compressor):
+    """A compressor that delegates to ``inner`` (error feedback, payload casts)."""
+
+    def __init__(self, inner: Compressor) -> None:
+        if not isinstance(inner, Compressor):
+            raise TypeError(f"expected a Compressor, got {type(inner).__name__}")
+        self.inner = inner
+        self.name = inner.name
+        self.states = {}
+
+    @property
+    def rounds(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.inner.rounds
+
+    @property
+    def min_compress_size(self) -> int:  # type: ignore[override]
+        return self.inner.min_compress_size
+
+    @property
+    def compress_1d(self) -> bool:  # type: ignore[override]
+        return self.inner.compress_1d
+
+    def compress(self, tensor: object, name: str) -> tuple[list, Context]:
+        return self.inner.compress(tensor, name)
+
+    def resume(self, reduced: list, ctx: Context) -> tuple[list, Context]:
+        return self.inner.resume(reduced, ctx)
+
+    def decompress(self, payloads: list, ctx: Context) -> object:
+        return self.inner.decompress(payloads, ctx)
+
+    def local_estimate(self, payloads: list, ctx: Context) -> object:
+        return self.inner.local_estimate(payloads, ctx)
+
+    def aggregate(self, tensors: list, op: str = "average") -> object:
+        return self.inner.aggregate(tensors, op)
+
+    def merge(self, lower: list, higher: list, ctx: Context) -> list:
+        return self.inner.merge(lower, higher, ctx)
+
+    def reset_state(self, name: str | None = None) -> None:
+        super().reset_state(name)
+        self.inner.reset_state(name)
+
+    def describe(self) -> str:
+        return self.inner.describe()

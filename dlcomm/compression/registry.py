@@ -1,0 +1,157 @@
+"""Find compressors by name: ``get_compressor("topk:ratio=0.01")`` and ``DLCOMM_COMPRESSION``.
+
+Spec syntax::
+
+    spec   := name [":" param "=" value {"," param "=" value}] ["+" cast]
+    cast   := "fp16" | "bf16"        (casts the payloads of `name`, see payload_cast)
+
+e.g. ``"none"``, ``"topk:ratio=0.01,approx=1"``, ``"powersgd:rank=4+fp16"``, ``"qsgd:levels=8"``.
+Every compressor also takes ``ef=0|1``: wrap it in ``ErrorFeedback``. It defaults to 1 for
+topk, randomk, gtopk, efsignsgd, powersgd and acpsgd, whose convergence relies on it. For
+randomk, ``unbiased`` defaults to ``1 - ef`` (scaling by n/k fights the residual).
+Bypass knobs (same names as the env variables, see ``compressor_from_env``): tensors with
+fewer than ``min_compress_size`` elements, and 1-D tensors unless ``compress_1d``, go dense.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from dlcomm.compression.base import DEFAULT_MIN_COMPRESS_SIZE, Compressor
+from dlcomm.compression.casts import BF16Compressor, FP16Compressor, NoneCompressor
+from dlcomm.compression.error_feedback import ErrorFeedback
+from dlcomm.compression.gtopk import GTopK
+from dlcomm.compression.lowrank import ACPSGD, PowerSGD
+from dlcomm.compression.payload_cast import CASTS, PayloadCast
+from dlcomm.compression.qsgd import QSGD
+from dlcomm.compression.sign import EFSignSGD, Signum
+from dlcomm.compression.sparsify import RandomK, TopK
+
+ENV_COMPRESSION = "DLCOMM_COMPRESSION"
+ENV_MIN_COMPRESS_SIZE = "DLCOMM_MIN_COMPRESS_SIZE"
+ENV_COMPRESS_1D = "DLCOMM_COMPRESS_1D"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered compressor: its factory, its parameters (name -> type), EF default."""
+
+    factory: Callable[..., Compressor]
+    params: Mapping[str, type]
+    error_feedback: bool
+
+
+REGISTRY: dict[str, Entry] = {
+    "none": Entry(NoneCompressor, {}, False),
+    "fp16": Entry(FP16Compressor, {}, False),
+    "bf16": Entry(BF16Compressor, {}, False),
+    "topk": Entry(TopK, {"ratio": float, "approx": bool}, True),
+    "randomk": Entry(RandomK, {"ratio": float, "seed": int, "unbiased": bool}, True),
+    "gtopk": Entry(GTopK, {"ratio": float}, True),
+    "efsignsgd": Entry(EFSignSGD, {}, True),
+    "signum": Entry(Signum, {}, False),
+    "qsgd": Entry(QSGD, {"levels": int, "seed": int}, False),
+    "powersgd": Entry(PowerSGD, {"rank": int, "seed": int}, True),
+    "acpsgd": Entry(ACPSGD, {"rank": int, "seed": int}, True),
+}
+
+
+def register_compressor(
+    name: str, factory: Callable[..., Compressor], params: Mapping[str, type],
+    error_feedback: bool = False,
+) -> None:
+    """Add a compressor under ``name`` (a lower-case word, not already taken)."""
+    if not isinstance(name, str) or not name.isidentifier() or name != name.lower():
+        raise ValueError(f"compressor name must be a lower-case identifier, got {name!r}")
+    if name in REGISTRY:
+        raise ValueError(f"compressor {name!r} is already registered")
+    if not callable(factory):
+        raise TypeError("factory must be callable")
+    REGISTRY[name] = Entry(factory, dict(params), bool(error_feedback))
+
+
+def available_compressors() -> list[str]:
+    """Registered compressor names, sorted."""
+    return sorted(REGISTRY)
+
+
+def _parse_value(compressor: str, key: str, raw: str, kind: type) -> object:
+    try:
+        if kind is bool:
+            if raw not in ("0", "1", "true", "false", "True", "False"):
+                raise ValueError
+            return raw in ("1", "true", "True")
+        if kind is int:
+            return int(raw)
+        return float(raw)
+    except ValueError:
+        want = "0 or 1" if kind is bool else kind.__name__
+        raise ValueError(f"{compressor}: parameter {key}={raw!r} is not {want}") from None
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, object], str | None]:
+    """Split a spec into (name, parameters, cast); ValueError naming what is wrong."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"compression spec must be a non-empty str, got {spec!r}; "
+                         f"valid names: {available_compressors()}")
+    head, plus, cast = spec.strip().partition("+")
+    if plus and cast not in CASTS:
+        raise ValueError(f"{spec!r}: cast after '+' must be one of {list(CASTS)}, got {cast!r}")
+    name, _, arg_text = head.partition(":")
+    name = name.strip().lower()
+    if name not in REGISTRY:
+        raise ValueError(f"unknown compressor {name!r}; valid names: {available_compressors()}")
+    entry = REGISTRY[name]
+    valid = {**entry.params, "ef": bool}
+    params: dict[str, object] = {}
+    for item in filter(None, (s.strip() for s in arg_text.split(","))):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or key not in valid:
+            raise ValueError(
+                f"{name}: unknown parameter {item!r}; valid parameters: {sorted(valid)}"
+            )
+        params[key] = _parse_value(name, key, raw.strip(), valid[key])
+    return name, params, (cast if plus else None)
+
+
+def get_compressor(
+    spec: str,
+    *,
+    min_compress_size: int = DEFAULT_MIN_COMPRESS_SIZE,
+    compress_1d: bool = False,
+) -> Compressor:
+    """Build the compressor named by ``spec`` (see module docstring), with error feedback
+    where it is the default, and the bypass knobs applied."""
+    name, params, cast = parse_spec(spec)
+    entry = REGISTRY[name]
+    ef = bool(params.pop("ef", entry.error_feedback))
+    if name == "randomk":
+        params.setdefault("unbiased", not ef)
+    compressor = entry.factory(
+        **params, min_compress_size=min_compress_size, compress_1d=compress_1d
+    )
+    if cast is not None:
+        compressor = PayloadCast(compressor, cast)
+    if ef:
+        compressor = ErrorFeedback(compressor)
+    return compressor
+
+
+def compressor_from_env(
+    default: str = "none", env: Mapping[str, str] | None = None
+) -> Compressor:
+    """The compressor named by ``DLCOMM_COMPRESSION`` (``default`` when unset), with
+    ``DLCOMM_MIN_COMPRESS_SIZE`` and ``DLCOMM_COMPRESS_1D`` (0/1) as bypass knobs."""
+    env = os.environ if env is None else env
+    spec = env.get(ENV_COMPRESSION, "").strip() or default
+    raw_size = env.get(ENV_MIN_COMPRESS_SIZE, str(DEFAULT_MIN_COMPRESS_SIZE)).strip()
+    try:
+        min_size = int(raw_size)
+    except ValueError:
+        raise ValueError(f"{ENV_MIN_COMPRESS_SIZE}={raw_size!r} is not an int") from None
+    raw_1d = env.get(ENV_COMPRESS_1D, "0").strip()
+    if raw_1d not in ("0", "1"):
+        raise ValueError(f"{ENV_COMPRESS_1D}={raw_1d!r} must be 0 or 1")
+    return get_compressor(spec, min_compress_size=min_size, compress_1d=raw_1d == "1")

@@ -1,0 +1,105 @@
+"""Sparsifiers: ``topk`` (largest magnitudes) and ``randomk`` (a random subset).
+
+``topk`` payloads are (values, indices) chosen per rank, so ranks pick different indices and
+the payloads are all-gathered. ``randomk`` draws its indices from a seed, the tensor name and
+a per-name step counter, so every rank picks the same indices: only values travel, and they
+are summable (GRACE's random-k works the same way).
+"""
+from __future__ import annotations
+
+from dlcomm.compression.array_api import array_namespace, name_seed
+from dlcomm.compression.base import ALLGATHER, ALLREDUCE, Compressor, Context
+from dlcomm.compression.topk_select import (
+    approx_topk_indices,
+    exact_topk_indices,
+    index_dtype,
+)
+
+
+def check_ratio(ratio: object) -> float:
+    """Return ``ratio`` as float; ValueError unless it lies in (0, 1]."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
+    return float(ratio)
+
+
+def k_for(ratio: float, n: int) -> int:
+    """Number of elements kept out of ``n`` at ``ratio`` (at least 1)."""
+    return max(1, min(n, int(ratio * n)))
+
+
+def scatter_dense(values: object, indices: object, ctx: Context) -> object:
+    """A zero tensor of ``ctx.shape``/``ctx.dtype`` with ``values`` at flat ``indices``."""
+    xp = array_namespace(values)
+    out = xp.zeros(ctx.size, dtype=ctx.dtype)
+    out[indices] = values
+    return out.reshape(ctx.shape)
+
+
+class TopK(Compressor):
+    """Keep the ``ratio * n`` largest magnitudes (``approx=True``: MSTopK-style, about k)."""
+
+    name = "topk"
+    rounds = (ALLGATHER,)
+
+    def __init__(self, ratio: float = 0.01, approx: bool = False, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self.ratio = check_ratio(ratio)
+        self.approx = bool(approx)
+
+    def _compress(self, tensor: object, name: str) -> tuple[list, Context]:
+        flat = tensor.reshape(-1)
+        k = k_for(self.ratio, flat.size)
+        select = approx_topk_indices if self.approx else exact_topk_indices
+        idx = select(flat, k)
+        return [flat[idx], idx.astype(index_dtype(flat.size))], self._context(tensor, name)
+
+    def decompress(self, payloads: list, ctx: Context) -> object:
+        values, indices = payloads
+        return scatter_dense(values, indices, ctx)
+
+    def describe(self) -> str:
+        return f"topk:ratio={self.ratio},approx={int(self.approx)}"
+
+
+class RandomK(Compressor):
+    """Keep ``ratio * n`` elements at indices shared by all ranks (seed, name, step).
+
+    ``unbiased=True`` scales kept values by n/k so the expectation equals the input; leave it
+    off under error feedback, where the residual already carries what was not sent.
+    """
+
+    name = "randomk"
+    rounds = (ALLREDUCE,)
+
+    def __init__(
+        self, ratio: float = 0.01, seed: int = 0, unbiased: bool = True, **kwargs: object
+    ) -> None:
+        super().__init__(**kwargs)
+        self.ratio = check_ratio(ratio)
+        self.seed = int(seed)
+        self.unbiased = bool(unbiased)
+
+    def _compress(self, tensor: object, name: str) -> tuple[list, Context]:
+        xp = array_namespace(tensor)
+        step = self.states.get(name, 0)
+        self.states[name] = step + 1
+        flat = tensor.reshape(-1)
+        n = flat.size
+        k = k_for(self.ratio, n)
+        rng = name_seed(self.seed, name, step)
+        host_idx = rng.choice(n, size=k, replace=False, shuffle=False)
+        host_idx.sort()
+        idx = xp.asarray(host_idx.astype(index_dtype(n)))
+        values = flat[idx]
+        if self.unbiased:
+            values = values * values.dtype.type(n / k)
+        ctx = self._context(tensor, name)
+        ctx.data["indices"] = idx
+        return [values], ctx
+
+    def decompress(self, payloads: list, ctx: Context) -> object:
+        return scatter_dense(payloads[0], ctx.data["indices"], ctx)
+
+    def describe(self) -> str:
+        return f"randomk:ratio={self.ratio},seed={self.seed},unbiased={int(self.unbiased)}"
