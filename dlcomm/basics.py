@@ -1,0 +1,201 @@
+"""Process-level calls: ``init``, ``shutdown``, ranks and sizes, process sets."""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from dlcomm.config import Config, load_config
+from dlcomm.engine.engine import Engine
+from dlcomm.engine.request import Kind, Request, Signature
+from dlcomm.errors import ShutdownError
+from dlcomm.process_sets import ProcessSet, global_process_set
+
+
+@dataclasses.dataclass
+class _State:
+    config: Config
+    engine: Engine
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    process_sets: dict[int, ProcessSet]
+    mpi_threads: bool
+
+
+_state: _State | None = None
+_set_requests = itertools.count()  # names add_process_set requests (same order on all ranks)
+
+
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
+         **settings: Any) -> None:
+    """Start dlcomm on this process; every rank must call it.
+
+    ``comm`` is an mpi4py communicator or a list of world ranks to run on (default: all).
+    ``settings`` override ``DLCOMM_*`` knobs by name (``fusion_threshold=...``), see
+    ``docs/knobs.md``. Calling ``init`` again while initialised does nothing.
+    """
+    global _state
+    if _state is not None:
+        return
+    config = load_config(**settings)
+    logging.getLogger("dlcomm").setLevel(config.log_level.upper())
+    from mpi4py import MPI
+
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    elif isinstance(comm, (list, tuple)):
+        ranks = list(comm)
+        world = MPI.COMM_WORLD
+        if not all(isinstance(r, int) and 0 <= r < world.Get_size() for r in ranks):
+            raise ValueError(f"comm ranks must be world ranks in [0, {world.Get_size()}), "
+                             f"got {ranks}")
+        comm = world.Create_group(world.Get_group().Incl(sorted(ranks)))
+        if comm == MPI.COMM_NULL:
+            raise ValueError(f"this process (world rank {world.Get_rank()}) is not in {ranks}")
+    elif not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py communicator or a list of ranks, "
+                        f"got {type(comm).__name__}")
+    rank, size = comm.Get_rank(), comm.Get_size()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    cross = comm.Split(color=local.Get_rank(), key=rank)
+    global_process_set.ranks = list(range(size))
+    _state = _State(
+        config=config, engine=Engine(config, comm), rank=rank, size=size,
+        local_rank=local.Get_rank(), local_size=local.Get_size(),
+        cross_rank=cross.Get_rank(), cross_size=cross.Get_size(),
+        process_sets={0: global_process_set},
+        mpi_threads=MPI.Query_thread() == MPI.THREAD_MULTIPLE,
+    )
+    local.Free()
+    cross.Free()
+    atexit.register(shutdown)
+    for ps in process_sets or ():
+        add_process_set(ps)
+
+
+def shutdown() -> None:
+    """Stop dlcomm on this process; pending requests on other ranks fail with a clear error."""
+    global _state
+    if _state is None:
+        return
+    state, _state = _state, None
+    state.engine.shutdown()
+    for set_id, ps in state.process_sets.items():
+        if set_id != 0:
+            ps.process_set_id = None
+
+
+def is_initialized() -> bool:
+    """True between ``init()`` and ``shutdown()``."""
+    return _state is not None
+
+
+def state() -> _State:
+    """The running state; raises ``ShutdownError`` before ``init()``."""
+    if _state is None:
+        raise ShutdownError("dlcomm is not initialized: call dlcomm.init() first")
+    return _state
+
+
+def rank() -> int:
+    """This process's rank among all ranks."""
+    return state().rank
+
+
+def size() -> int:
+    """Number of ranks."""
+    return state().size
+
+
+def local_rank() -> int:
+    """Rank among the processes on this host."""
+    return state().local_rank
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    return state().local_size
+
+
+def cross_rank() -> int:
+    """Rank among the processes with the same local rank (the host's index)."""
+    return state().cross_rank
+
+
+def cross_size() -> int:
+    """Number of processes with the same local rank (the number of hosts, if uniform)."""
+    return state().cross_size
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of ranks."""
+    s = state()
+    return s.local_size * s.cross_size == s.size
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI runs with MPI_THREAD_MULTIPLE."""
+    return state().mpi_threads
+
+
+def mpi_enabled() -> bool:
+    return True
+
+
+def mpi_built() -> bool:
+    return True
+
+
+def nccl_built() -> bool:
+    """True when CuPy's NCCL bindings import (the GPU data path)."""
+    from dlcomm.comm.backend_select import nccl_available
+
+    return nccl_available()
+
+
+def bytes_sent() -> int:
+    """Payload bytes this rank has contributed to collectives since ``init()``."""
+    return state().engine.bytes_sent
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a process set; a collective call on every rank, in the same order."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.ranks is None:
+        raise ValueError("a process set needs its ranks")
+    if process_set.process_set_id is not None:
+        raise ValueError(f"{process_set!r} is already registered")
+    s = state()
+    bad = [r for r in process_set.ranks if not 0 <= r < s.size]
+    if bad:
+        raise ValueError(f"process set ranks {bad} are outside [0, {s.size})")
+    if not process_set.ranks:
+        raise ValueError("a process set needs at least one rank")
+    name = f"add_process_set.{process_set.ranks}.{next(_set_requests)}"
+    req = Request(name, Signature(Kind.ADD_PROCESS_SET, 0, extra=tuple(process_set.ranks)))
+    set_id = s.engine.submit(req).wait()
+    process_set.process_set_id = set_id
+    s.process_sets[set_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (collective on every rank); False if it was not registered."""
+    s = state()
+    set_id = process_set.process_set_id
+    if set_id in (None, 0) or set_id not in s.process_sets:
+        return False
+    req = Request(f"remove_process_set.{set_id}",
+                  Signature(Kind.REMOVE_PROCESS_SET, 0, extra=set_id))
+    s.engine.submit(req).wait()
+    del s.process_sets[set_id]
+    process_set.process_set_id = None
+    return True

@@ -1,0 +1,157 @@
+"""Every knob of dlcomm, with its environment variable, Python argument, default and meaning.
+
+One table: ``KNOBS``. ``load_config(**overrides)`` reads ``DLCOMM_<NAME>`` from the
+environment and lets a keyword argument of the same name (lower case) win.
+``docs/knobs.md`` is generated from this table (``python -m dlcomm.config``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+_SIZE_SUFFIXES = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    """Parse a byte count: ``67108864``, ``64M``, ``64MiB``, ``512k``."""
+    t = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+    mult = 1
+    if t and t[-1] in _SIZE_SUFFIXES:
+        mult = _SIZE_SUFFIXES[t[-1]]
+        t = t[:-1]
+    value = float(t) * mult
+    if value < 0 or value != int(value):
+        raise ValueError(f"not a whole, non-negative number of bytes: {text!r}")
+    return int(value)
+
+
+def parse_bool(text: str) -> bool:
+    """Parse 1/0, true/false, yes/no, on/off."""
+    t = str(text).strip().lower()
+    if t in {"1", "true", "yes", "on"}:
+        return True
+    if t in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"not a boolean: {text!r} (use 1 or 0)")
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {text!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """One setting: ``DLCOMM_<NAME>`` in the environment, ``<name>=`` as an argument."""
+
+    name: str
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+    where: str = "init"  # which call takes the argument
+
+    @property
+    def env(self) -> str:
+        return "DLCOMM_" + self.name.upper()
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("cycle_time", 1.0, _non_negative_float,
+         "Milliseconds the engine waits to batch requests before each negotiation round; "
+         "idle ranks run one round per cycle."),
+    Knob("fusion_threshold", 64 << 20, parse_bytes,
+         "Largest fusion buffer in bytes (suffixes k, M, G allowed). All-reduces that share "
+         "process set, dtype, op and compression are packed up to this size and sent as one "
+         "message. 0 disables fusion."),
+    Knob("cache_capacity", 1024, lambda t: int(t),
+         "Entries in the response cache; a repeated set of tensors then skips the "
+         "negotiation round's full exchange. 0 disables the cache."),
+    Knob("stall_warning_seconds", 60.0, _non_negative_float,
+         "Seconds a tensor may wait for other ranks before a warning names the missing "
+         "ranks. 0 disables the stall check."),
+    Knob("stall_shutdown_seconds", 0.0, _non_negative_float,
+         "Seconds after which a stall aborts the job with the same message on every rank. "
+         "0 (default) only warns."),
+    Knob("timeline", "", str,
+         "Path of a Chrome-trace JSON timeline ('{rank}' is replaced by the rank; without "
+         "it only rank 0 writes). Empty: off."),
+    Knob("backend", "auto", str,
+         "Data-path backend: 'auto' (NCCL for CuPy arrays when available, MPI otherwise), "
+         "'mpi' or 'nccl'."),
+    Knob("log_level", "warning", str, "Logging level of the 'dlcomm' logger."),
+    Knob("compression", "none", str,
+         "Compressor used by DistributedOptimizer when no compression= is given, e.g. "
+         "'topk:ratio=0.01'.", where="DistributedOptimizer"),
+)
+
+KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Resolved settings of one ``init()``."""
+
+    cycle_time: float
+    fusion_threshold: int
+    cache_capacity: int
+    stall_warning_seconds: float
+    stall_shutdown_seconds: float
+    timeline: str
+    backend: str
+    log_level: str
+    compression: str
+
+
+def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+    """Build the ``Config``: defaults, then ``DLCOMM_*`` variables, then ``overrides``."""
+    env = os.environ if env is None else env
+    unknown = set(overrides) - set(KNOB_BY_NAME)
+    if unknown:
+        raise TypeError(
+            f"unknown dlcomm setting(s) {sorted(unknown)}; valid: {sorted(KNOB_BY_NAME)}"
+        )
+    values: dict[str, Any] = {}
+    for knob in KNOBS:
+        if knob.name in overrides and overrides[knob.name] is not None:
+            raw = overrides[knob.name]
+            source = f"argument {knob.name}="
+        elif knob.env in env:
+            raw = env[knob.env]
+            source = f"environment variable {knob.env}"
+        else:
+            values[knob.name] = knob.default
+            continue
+        try:
+            values[knob.name] = knob.parse(str(raw)) if not isinstance(raw, bool) else raw
+        except ValueError as exc:
+            raise ValueError(f"bad value {raw!r} for {source}: {exc}") from None
+    if values["backend"] not in {"auto", "mpi", "nccl"}:
+        raise ValueError(
+            f"bad backend {values['backend']!r} (DLCOMM_BACKEND / backend=); "
+            "valid: auto, mpi, nccl"
+        )
+    return Config(**values)
+
+
+def knobs_markdown() -> str:
+    """The knob table as Markdown, for ``docs/knobs.md``."""
+    rows = ["| environment variable | argument | default | meaning |", "|---|---|---|---|"]
+    for k in KNOBS:
+        default = k.default if k.default != "" else "(empty)"
+        rows.append(f"| `{k.env}` | `{k.where}({k.name}=)` | `{default}` | {k.doc} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(knobs_markdown(), end="")

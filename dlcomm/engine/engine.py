@@ -1,0 +1,258 @@
+"""The background engine: one thread per process owns all communication.
+
+Each cycle: take the requests the user thread queued, agree with every rank on which named
+requests are ready everywhere (one bitwise-AND all-reduce when the response cache knows
+them all, an all-gather of announcements otherwise), then execute the ready ones in one
+global order, fusing small all-reduces. Ranks may submit in different orders; nothing runs
+until every rank that must take part has submitted it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from dlcomm.comm.mpi_backend import MPICommunicator, dumps, loads
+from dlcomm.config import Config
+from dlcomm.engine.executor import Executor, ProcessSetState
+from dlcomm.engine.negotiation import WORLD, Coordinator, Response
+from dlcomm.engine.request import CACHEABLE, Handle, Kind, Request, Signature
+from dlcomm.engine.response_cache import ResponseCache
+from dlcomm.engine.stall import StallInspector
+from dlcomm.errors import DLCommError, ShutdownError, StallError
+
+log = logging.getLogger("dlcomm")
+
+_NO_UNCACHED = np.uint64(1)  # flag bit: this rank needs no full negotiation round
+_STALL_ABORT = "__stall_abort__"
+_IDLE_WAIT_CAP = 0.005  # seconds: longest sleep between idle rounds
+_POLL_SLEEP_CAP = 2e-4  # seconds: longest sleep between tests of a pending negotiation
+
+
+class Engine:
+    """Owns the communicators and the background thread of one ``init()``."""
+
+    def __init__(self, config: Config, world: Any) -> None:
+        self.config = config
+        self.rank = world.Get_rank()
+        self.size = world.Get_size()
+        # Separate communicators keep negotiation messages apart from data messages.
+        self.control = MPICommunicator(world.Dup())
+        data = MPICommunicator(world.Dup())
+        self.process_sets: dict[int, ProcessSetState] = {
+            WORLD: ProcessSetState(WORLD, tuple(range(self.size)), data)
+        }
+        self._next_set_id = 1
+        self.coordinator = Coordinator(self.size)
+        self.cache = ResponseCache(config.cache_capacity, self.rank)
+        self.timeline = _open_timeline(config.timeline, self.rank)
+        self.executor = Executor(self.rank, config.fusion_threshold, self.timeline,
+                                 self.process_sets, self._add_process_set,
+                                 self._remove_process_set)
+        self.stall = StallInspector(config.stall_warning_seconds,
+                                    config.stall_shutdown_seconds, self.rank)
+        self._cond = threading.Condition()
+        self._queue: list[Request] = []
+        self._in_flight: set[str] = set()
+        self._pending: dict[str, Request] = {}  # engine thread only, submission order
+        self._shutdown_requested = False
+        self._user_blocked = False
+        self._stall_abort = False
+        self._error: DLCommError | None = None
+        self._idle_wait = config.cycle_time / 1000.0
+        self._thread = threading.Thread(target=self._run, name="dlcomm-engine", daemon=True)
+        self._thread.start()
+
+    # --- user thread ---------------------------------------------------------------------
+    def submit(self, request: Request) -> Handle:
+        """Queue a request; raise if the name is already in flight or the engine stopped."""
+        with self._cond:
+            if self._error is not None:
+                raise type(self._error)(str(self._error))
+            if request.name in self._in_flight:
+                raise ValueError(
+                    f"a request named '{request.name}' is already in flight on this rank; "
+                    "wait for it (synchronize) or use a different name"
+                )
+            self._in_flight.add(request.name)
+            request.handle.on_wait = self._user_waiting
+            self._queue.append(request)
+            if len(self._queue) == 1:
+                self._cond.notify()
+        self.timeline.begin(request.name, "queued", {"kind": request.kind.value})
+        return request.handle
+
+    def _user_waiting(self) -> None:
+        """A user thread blocks on a result: batching further cannot help it."""
+        with self._cond:
+            self._user_blocked = True
+            self._cond.notify()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Tell every rank this one is leaving, then stop the thread."""
+        with self._cond:
+            self._shutdown_requested = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        self.timeline.close()
+        self.executor.buffers.release()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.executor.bytes_sent
+
+    # --- engine thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._cycle():
+                pass
+        except BaseException as exc:  # never die silently: fail every waiting request
+            log.exception("dlcomm engine on rank %d failed", self.rank)
+            self._stop(DLCommError(f"dlcomm's engine on rank {self.rank} failed: {exc!r}"))
+
+    def _collect(self) -> None:
+        """Wait for work (or one idle cycle), batch a burst, move it to ``_pending``."""
+        cycle = self.config.cycle_time / 1000.0
+        with self._cond:
+            if not self._queue and not self._shutdown_requested:
+                self._cond.wait(self._idle_wait)
+            if self._queue:
+                # Let a burst of submissions (a loop of async calls, a backward pass)
+                # finish, so it is negotiated and fused together.
+                quiet = max(cycle / 4, 5e-5)
+                deadline = time.monotonic() + 10 * cycle
+                while not self._user_blocked and time.monotonic() < deadline:
+                    seen = len(self._queue)
+                    self._cond.wait(quiet)
+                    if len(self._queue) == seen:
+                        break
+            batch, self._queue = self._queue, []
+            self._user_blocked = False
+        for req in batch:
+            self._pending[req.name] = req
+            self.timeline.end(req.name, "queued")
+            self.timeline.begin(req.name, "negotiate")
+        self._idle_wait = cycle if batch else min(self._idle_wait * 2, max(_IDLE_WAIT_CAP, cycle))
+
+    def _cycle(self) -> bool:
+        self._collect()
+        now = time.monotonic()
+        words = np.zeros(self.cache.num_words(), dtype=np.uint64)
+        need_full = self._shutdown_requested or self._stall_abort
+        for req in self._pending.values():
+            if req.announced:
+                continue
+            bit = None
+            if req.kind in CACHEABLE and not self.stall.should_announce(now - req.submitted_at):
+                bit = self.cache.lookup(req.name, self.rank, req.signature)
+            if bit is None:
+                need_full = True
+            else:
+                ResponseCache.set_bit(words, bit)
+        self.cache.mark_outsider_bits(words)
+        if not need_full:
+            words[0] |= _NO_UNCACHED
+        self._wait(self.control.iallreduce_band(words))
+
+        if not (words[0] & _NO_UNCACHED) or self.coordinator.has_partial():
+            responses = self._full_round(now)
+        else:
+            responses = []
+            for bit in self.cache.ready_bits(words):
+                self.cache.touch(bit)
+                responses.append(self.cache.response(bit))
+        if responses:
+            self.executor.run(responses, self._pending)
+            self._retire(responses)
+        if self.coordinator.stall_abort_ranks:
+            self._stop(StallError(self.stall.abort_message(self.coordinator)))
+            return False
+        if self.coordinator.shutdown_ranks:
+            ranks = sorted(set(self.coordinator.shutdown_ranks))
+            self._stop(ShutdownError(f"rank(s) {ranks} called shutdown() (or exited) while "
+                                     "this request was pending"), quiet=True)
+            return False
+        if self.stall.check(self.coordinator, now):
+            self._stall_abort = True
+        return True
+
+    def _full_round(self, now: float) -> list[Response]:
+        announcements: list[tuple[str, Signature]] = []
+        for req in self._pending.values():
+            if not req.announced:
+                req.announced = True
+                announcements.append((req.name, req.signature))
+        if self._stall_abort:
+            announcements.append((_STALL_ABORT, Signature(Kind.BARRIER, WORLD)))
+        if self._shutdown_requested:
+            announcements.append(("__shutdown__", Signature(Kind.SHUTDOWN, WORLD)))
+        blobs = self.control.allgather_bytes(dumps(announcements))
+        for rank, blob in enumerate(blobs):
+            self.coordinator.add(rank, loads(blob), now)
+        responses = self.coordinator.pop_ready()
+        for resp in responses:
+            self.cache.put(resp)
+        return responses
+
+    def _wait(self, pending: Any) -> None:
+        """Poll a non-blocking collective, sleeping so waiting ranks leave the CPU free."""
+        delay = 0.0
+        while not pending.test():
+            time.sleep(delay)
+            delay = min(max(delay * 2, 1e-5), _POLL_SLEEP_CAP)
+
+    def _retire(self, responses: list[Response]) -> None:
+        done = []
+        for resp in responses:
+            req = self._pending.get(resp.name)
+            if req is not None and req.handle.done():
+                del self._pending[resp.name]
+                done.append(resp.name)
+        with self._cond:
+            self._in_flight.difference_update(done)
+
+    def _stop(self, error: DLCommError, quiet: bool = False) -> None:
+        with self._cond:
+            self._error = error if self._error is None else self._error
+            pending = list(self._pending.values()) + self._queue
+            self._queue = []
+            self._in_flight.clear()
+        self._pending.clear()
+        for req in pending:
+            if not req.handle.done():
+                req.handle.set_error(type(error)(f"'{req.name}': {error}"))
+        if pending and not quiet:
+            log.error("%s", error)
+
+    # --- process sets (run on every rank, in the global order) --------------------------------
+    def _add_process_set(self, resp: Response, req: Request | None) -> int:
+        ranks = tuple(resp.reference.extra)
+        world = self.process_sets[WORLD].comm
+        comm = world.split(0 if self.rank in ranks else None, self.rank)
+        set_id = self._next_set_id
+        self._next_set_id += 1
+        self.process_sets[set_id] = ProcessSetState(set_id, ranks, comm)
+        self.coordinator.members[set_id] = ranks
+        return set_id
+
+    def _remove_process_set(self, resp: Response, req: Request | None) -> None:
+        set_id = resp.reference.extra
+        state = self.process_sets.pop(set_id)
+        self.coordinator.members.pop(set_id, None)
+        if state.comm is not None:
+            state.comm.free()
+
+
+def _open_timeline(path: str, rank: int) -> Any:
+    from dlcomm.engine.timeline import open_timeline
+
+    if path and "{rank}" not in path and rank != 0:
+        path = ""  # without '{rank}' in the path only rank 0 writes, as in Horovod
+    return open_timeline(path or None, rank)

@@ -1,0 +1,271 @@
+"""Runs the agreed responses of one cycle on this rank: fusion, the collective, unpacking.
+
+Every rank runs the same responses in the same order, so the collectives here match up
+across ranks without further coordination.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dlcomm.engine import fusion
+from dlcomm.engine.negotiation import Response
+from dlcomm.engine.request import Kind, Request
+from dlcomm.errors import MismatchError
+from dlcomm.ops import ReduceOp
+
+log = logging.getLogger("dlcomm")
+
+
+class ProcessSetState:
+    """A process set as the engine sees it: members and, on members, the communicator."""
+
+    def __init__(self, set_id: int, ranks: tuple[int, ...], comm: Any) -> None:
+        self.id = set_id
+        self.ranks = ranks
+        self.comm = comm  # None on ranks outside the set
+
+    def set_rank(self, world_rank: int) -> int:
+        return self.ranks.index(world_rank)
+
+
+class Executor:
+    """Executes responses for one rank."""
+
+    def __init__(self, rank: int, fusion_threshold: int, timeline: Any,
+                 process_sets: dict[int, ProcessSetState],
+                 on_add_process_set: Callable[[Response, Request | None], Any],
+                 on_remove_process_set: Callable[[Response, Request | None], Any]) -> None:
+        self.rank = rank
+        self.fusion_threshold = fusion_threshold
+        self.timeline = timeline
+        self.process_sets = process_sets
+        self.buffers = fusion.FusionBuffer()
+        self.bytes_sent = 0  # payload bytes this rank contributed to collectives
+        self._on_add = on_add_process_set
+        self._on_remove = on_remove_process_set
+
+    # --- dispatch ----------------------------------------------------------------------
+    def run(self, responses: Sequence[Response], local: dict[str, Request]) -> None:
+        """Execute ``responses``; complete the handles of this rank's requests."""
+        allreduces: list[tuple[Response, Request | None]] = []
+        for resp in responses:
+            req = local.get(resp.name)
+            if req is not None:
+                self.timeline.end(resp.name, "negotiate")
+            if resp.error is not None:
+                if req is not None:
+                    req.handle.set_error(MismatchError(resp.error))
+                continue
+            if self.rank not in resp.members:
+                continue
+            if resp.kind is Kind.ALLREDUCE:
+                allreduces.append((resp, req))
+            else:
+                self._run_one(resp, req)
+        if allreduces:
+            self._run_allreduces(allreduces)
+
+    def _run_one(self, resp: Response, req: Request | None) -> None:
+        try:
+            if resp.kind is Kind.ALLGATHER:
+                result = self._allgather(resp, req)
+            elif resp.kind is Kind.BROADCAST:
+                result = self._broadcast(resp, req)
+            elif resp.kind is Kind.ALLTOALL:
+                result = self._alltoall(resp, req)
+            elif resp.kind is Kind.REDUCESCATTER:
+                result = self._reducescatter(resp, req)
+            elif resp.kind is Kind.BARRIER:
+                result = None
+            elif resp.kind is Kind.JOIN:
+                result = resp.last_joined
+            elif resp.kind is Kind.ADD_PROCESS_SET:
+                result = self._on_add(resp, req)
+            elif resp.kind is Kind.REMOVE_PROCESS_SET:
+                result = self._on_remove(resp, req)
+            else:  # pragma: no cover - every kind is handled above
+                raise AssertionError(resp.kind)
+        except Exception as exc:  # complete the handle; the engine keeps serving others
+            if req is None:
+                raise
+            req.handle.set_error(exc)
+            return
+        if req is not None:
+            req.handle.set_result(result)
+
+    # --- all-reduce with fusion --------------------------------------------------------
+    def _run_allreduces(self, items: list[tuple[Response, Request | None]]) -> None:
+        def key(item: tuple[Response, Request | None]) -> tuple:
+            sig = item[0].reference
+            wire_op = "sum" if sig.op == "average" else sig.op
+            return (sig.process_set_id, sig.dtype, wire_op, sig.compression,
+                    tuple(sorted(item[0].joined)))
+
+        nbytes = [sum(int(np.prod(s)) for s in r.reference.shapes)
+                  * np.dtype(r.reference.dtype).itemsize for r, _ in items]
+        groups = fusion.plan_fusion(nbytes, [key(i) for i in items], self.fusion_threshold)
+        for group in groups:
+            self._allreduce_group([items[i] for i in group])
+
+    def _allreduce_group(self, group: list[tuple[Response, Request | None]]) -> None:
+        first = group[0][0]
+        sig = first.reference
+        comm = self.process_sets[sig.process_set_id].comm
+        op = ReduceOp(sig.op)
+        wire_op = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
+        dtype = np.dtype(sig.dtype)
+        # Inputs and outputs of every tensor in the group (a grouped request has several).
+        inputs: list[np.ndarray] = []
+        outputs: list[np.ndarray] = []
+        pre: list[float] = []
+        post: list[float] = []
+        owners: list[tuple[Request | None, int]] = []  # (request, number of its tensors)
+        for resp, req in group:
+            rsig = resp.reference
+            divisor = resp.contributors if op is ReduceOp.AVERAGE else 1
+            if req is None:  # this rank joined: it contributes zeros and keeps nothing
+                arrays = [np.zeros(s, dtype=dtype) for s in rsig.shapes]
+                outs = [np.empty(s, dtype=dtype) for s in rsig.shapes]
+            else:
+                arrays, outs = req.arrays, req.outputs
+            inputs += arrays
+            outputs += outs
+            pre += [rsig.prescale] * len(arrays)
+            post += [rsig.postscale / divisor] * len(arrays)
+            owners.append((req, len(arrays)))
+        names = [resp.name for resp, _ in group]
+        try:
+            if len(inputs) == 1:
+                self._allreduce_single(comm, inputs[0], outputs[0], pre[0], post[0], wire_op,
+                                       names[0])
+            else:
+                total = sum(a.size for a in inputs)
+                for n in names:
+                    self.timeline.begin(n, "fuse", {"tensors": len(inputs), "bytes":
+                                                    total * dtype.itemsize})
+                buf = self.buffers.get(dtype, total)
+                offsets = fusion.pack(inputs, buf, pre)
+                for n in names:
+                    self.timeline.end(n, "fuse")
+                    self.timeline.begin(n, "communicate")
+                comm.allreduce(buf, buf, wire_op)
+                self.bytes_sent += buf.nbytes
+                for n in names:
+                    self.timeline.end(n, "communicate")
+                    self.timeline.begin(n, "unpack")
+                fusion.unpack(buf, outputs, offsets, post)
+                for n in names:
+                    self.timeline.end(n, "unpack")
+        except Exception as exc:
+            for req, _ in owners:
+                if req is not None:
+                    req.handle.set_error(exc)
+            if any(req is None for req, _ in owners):
+                raise
+            return
+        pos = 0
+        for req, count in owners:
+            if req is not None:
+                outs = outputs[pos:pos + count]
+                req.handle.set_result(outs if req.grouped else outs[0])
+            pos += count
+
+    def _allreduce_single(self, comm: Any, x: np.ndarray, out: np.ndarray, pre: float,
+                          post: float, op: ReduceOp, name: str) -> None:
+        """One tensor: reduce straight into its output (no fusion copy)."""
+        self.timeline.begin(name, "communicate", {"bytes": x.nbytes})
+        flat_out = out.reshape(-1)
+        if pre != 1.0:
+            np.multiply(x.reshape(-1), pre, out=flat_out, casting="unsafe")
+            comm.allreduce(flat_out, flat_out, op)
+        elif out is x:
+            comm.allreduce(flat_out, flat_out, op)
+        else:
+            comm.allreduce(x.reshape(-1), flat_out, op)
+        self.bytes_sent += x.nbytes
+        if post != 1.0:
+            np.multiply(flat_out, post, out=flat_out, casting="unsafe")
+        self.timeline.end(name, "communicate")
+
+    # --- other collectives --------------------------------------------------------------
+    def _members_comm(self, resp: Response) -> tuple[Any, ProcessSetState]:
+        ps = self.process_sets[resp.process_set_id]
+        return ps.comm, ps
+
+    def _allgather(self, resp: Response, req: Request | None) -> np.ndarray:
+        comm, ps = self._members_comm(resp)
+        assert req is not None
+        x = req.arrays[0]
+        rest = x.shape[1:]
+        row = int(np.prod(rest)) if rest else 1
+        rows = [resp.signatures[r].shapes[0][0] for r in ps.ranks]
+        out = np.empty((sum(rows), *rest), dtype=x.dtype)
+        self.timeline.begin(resp.name, "communicate", {"bytes": x.nbytes})
+        comm.allgatherv(np.ascontiguousarray(x).reshape(-1), out.reshape(-1),
+                        [n * row for n in rows])
+        self.bytes_sent += x.nbytes
+        self.timeline.end(resp.name, "communicate")
+        return out
+
+    def _broadcast(self, resp: Response, req: Request | None) -> np.ndarray:
+        comm, ps = self._members_comm(resp)
+        assert req is not None
+        out = req.outputs[0]
+        root = resp.reference.root  # rank within the process set, as in Horovod
+        self.timeline.begin(resp.name, "communicate", {"bytes": out.nbytes})
+        comm.bcast(out.reshape(-1), root)
+        if comm.rank == root:
+            self.bytes_sent += out.nbytes
+        self.timeline.end(resp.name, "communicate")
+        return out
+
+    def _alltoall(self, resp: Response, req: Request | None) -> tuple[np.ndarray, list[int]]:
+        comm, ps = self._members_comm(resp)
+        assert req is not None
+        x = req.arrays[0]
+        rest = x.shape[1:]
+        row = int(np.prod(rest)) if rest else 1
+        me = ps.set_rank(self.rank)
+        send_rows = list(resp.signatures[self.rank].splits or ())
+        recv_rows = [resp.signatures[r].splits[me] for r in ps.ranks]
+        out = np.empty((sum(recv_rows), *rest), dtype=x.dtype)
+        self.timeline.begin(resp.name, "communicate", {"bytes": x.nbytes})
+        comm.alltoallv(np.ascontiguousarray(x).reshape(-1), [n * row for n in send_rows],
+                       out.reshape(-1), [n * row for n in recv_rows])
+        self.bytes_sent += x.nbytes
+        self.timeline.end(resp.name, "communicate")
+        return out, recv_rows
+
+    def _reducescatter(self, resp: Response, req: Request | None) -> np.ndarray:
+        comm, ps = self._members_comm(resp)
+        assert req is not None
+        sig = resp.reference
+        x = req.arrays[0]
+        rows = reducescatter_rows(x.shape[0], len(ps.ranks))
+        rest = x.shape[1:]
+        row = int(np.prod(rest)) if rest else 1
+        me = ps.set_rank(self.rank)
+        op = ReduceOp(sig.op)
+        src = np.ascontiguousarray(x).reshape(-1)
+        if sig.prescale != 1.0:
+            src = src * np.asarray(sig.prescale).astype(src.dtype)
+        out = np.empty((rows[me], *rest), dtype=x.dtype)
+        self.timeline.begin(resp.name, "communicate", {"bytes": x.nbytes})
+        comm.reduce_scatter(src, out.reshape(-1), [n * row for n in rows],
+                            ReduceOp.SUM if op is ReduceOp.AVERAGE else op)
+        self.bytes_sent += x.nbytes
+        self.timeline.end(resp.name, "communicate")
+        post = sig.postscale / (len(ps.ranks) if op is ReduceOp.AVERAGE else 1)
+        if post != 1.0:
+            np.multiply(out, post, out=out, casting="unsafe")
+        return out
+
+
+def reducescatter_rows(rows: int, parts: int) -> list[int]:
+    """Horovod's split of the first dimension: the first ``rows % parts`` ranks get one more."""
+    base, extra = divmod(rows, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]

@@ -1,0 +1,84 @@
+"""Tensor fusion: pack many small all-reduces into one buffer, send one message, unpack.
+
+``plan_fusion`` decides which ready requests travel together (same key, up to the
+threshold, in the global order); ``FusionBuffer`` keeps one growable buffer per dtype so
+steady-state training allocates nothing.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def plan_fusion(nbytes: Sequence[int], keys: Sequence[Hashable], threshold: int) -> list[list[int]]:
+    """Group indices by key, in order, so no group exceeds ``threshold`` bytes.
+
+    A request larger than the threshold travels alone. Groups are returned in the order of
+    their first member, so every rank that plans the same list gets the same groups.
+    """
+    if len(nbytes) != len(keys):
+        raise ValueError("nbytes and keys must have the same length")
+    if threshold < 0:
+        raise ValueError(f"fusion threshold must be >= 0, got {threshold}")
+    groups: list[list[int]] = []
+    open_group: dict[Hashable, tuple[int, int]] = {}  # key -> (group index, bytes so far)
+    for i, (size, key) in enumerate(zip(nbytes, keys)):
+        current = open_group.get(key)
+        if current is not None and current[1] + size <= threshold:
+            groups[current[0]].append(i)
+            open_group[key] = (current[0], current[1] + size)
+        else:
+            groups.append([i])
+            open_group[key] = (len(groups) - 1, size)
+    return groups
+
+
+class FusionBuffer:
+    """One reusable, growable 1-D buffer per dtype."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[np.dtype, np.ndarray] = {}
+
+    def get(self, dtype: Any, count: int) -> np.ndarray:
+        """A 1-D view of at least ``count`` elements of ``dtype`` (contents undefined)."""
+        dtype = np.dtype(dtype)
+        buf = self._buffers.get(dtype)
+        if buf is None or buf.size < count:
+            buf = np.empty(max(count, 1), dtype=dtype)
+            self._buffers[dtype] = buf
+        return buf[:count]
+
+    def release(self) -> None:
+        self._buffers.clear()
+
+
+def pack(arrays: Sequence[np.ndarray], buffer: np.ndarray,
+         scales: Sequence[float] | None = None) -> list[int]:
+    """Copy ``arrays`` back to back into ``buffer`` (scaled); return the start offsets."""
+    offsets = []
+    pos = 0
+    for i, a in enumerate(arrays):
+        n = a.size
+        dst = buffer[pos:pos + n]
+        scale = 1.0 if scales is None else scales[i]
+        if scale == 1.0:
+            np.copyto(dst, a.reshape(-1))
+        else:
+            np.multiply(a.reshape(-1), scale, out=dst, casting="unsafe")
+        offsets.append(pos)
+        pos += n
+    return offsets
+
+
+def unpack(buffer: np.ndarray, outputs: Sequence[np.ndarray], offsets: Sequence[int],
+           scales: Sequence[float] | None = None) -> None:
+    """Copy slices of ``buffer`` into ``outputs`` (scaled), the inverse of ``pack``."""
+    for i, (out, start) in enumerate(zip(outputs, offsets)):
+        src = buffer[start:start + out.size].reshape(out.shape)
+        scale = 1.0 if scales is None else scales[i]
+        if scale == 1.0:
+            np.copyto(out, src)
+        else:
+            np.multiply(src, scale, out=out, casting="unsafe")

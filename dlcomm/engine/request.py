@@ -1,0 +1,159 @@
+"""Requests the user thread hands to the engine, their handles, and what ranks must agree on.
+
+A request's ``Signature`` is announced to every rank during negotiation; ``mismatch_message``
+compares the signatures of all ranks and names each rank's value when they disagree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+import time
+from typing import Any
+
+from dlcomm.errors import DLCommError
+from dlcomm.ops import ReduceOp
+
+
+class Kind(str, enum.Enum):
+    """Which collective a request asks for."""
+
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    BROADCAST = "broadcast"
+    ALLTOALL = "alltoall"
+    REDUCESCATTER = "reducescatter"
+    BARRIER = "barrier"
+    JOIN = "join"
+    ADD_PROCESS_SET = "add_process_set"
+    REMOVE_PROCESS_SET = "remove_process_set"
+    SHUTDOWN = "shutdown"
+
+
+# Kinds whose responses may be remembered by the response cache (same name, same
+# signature each step: gradients in steady-state training).
+CACHEABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLTOALL,
+                       Kind.REDUCESCATTER})
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """What one rank says about a named request. Hashable and cheap to pickle."""
+
+    kind: Kind
+    process_set_id: int
+    dtype: str = ""
+    shapes: tuple[tuple[int, ...], ...] = ()
+    op: str = ""
+    root: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    compression: str = "none"
+    splits: tuple[int, ...] | None = None  # alltoall: rows sent to each rank
+    extra: Any = None  # add_process_set: the ranks
+
+    def agreed_fields(self) -> dict[str, Any]:
+        """Fields every rank must give equal values for (per-rank sizes excluded)."""
+        fields = {
+            "kind": self.kind.value,
+            "process set": self.process_set_id,
+            "dtype": self.dtype,
+            "op": self.op,
+            "root": self.root,
+            "prescale_factor": self.prescale,
+            "postscale_factor": self.postscale,
+            "compression": self.compression,
+            "ranks": self.extra,
+        }
+        if self.kind in (Kind.ALLGATHER, Kind.ALLTOALL):
+            # The first dimension may differ per rank; the rest must agree.
+            fields["number of tensors"] = len(self.shapes)
+            fields["shape[1:]"] = tuple(s[1:] for s in self.shapes)
+        else:
+            fields["shape"] = self.shapes if len(self.shapes) != 1 else self.shapes[0]
+        return fields
+
+
+def mismatch_message(name: str, sigs: dict[int, Signature]) -> str | None:
+    """Describe how ranks disagree about ``name``, or ``None`` when they agree."""
+    per_rank = {r: s.agreed_fields() for r, s in sorted(sigs.items())}
+    first = next(iter(per_rank.values()))
+    problems = []
+    for field in first:
+        values = {r: f[field] for r, f in per_rank.items()}
+        if len(set(map(repr, values.values()))) > 1:
+            listed = ", ".join(f"rank {r}: {v}" for r, v in values.items())
+            problems.append(f"{field} differs ({listed})")
+    if not problems:
+        return None
+    return f"ranks submitted tensor '{name}' with mismatched arguments: " + "; ".join(problems)
+
+
+class Handle:
+    """Completion of an asynchronous request: ``poll()`` / ``synchronize()`` take these."""
+
+    __slots__ = ("_error", "_event", "_result", "name", "on_wait")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        # Called when a thread starts waiting: the engine then stops batching and runs.
+        self.on_wait: Any = None
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set_result(self, result: Any) -> None:
+        self._result = result
+        self._event.set()
+
+    def set_error(self, error: BaseException) -> None:
+        self._error = error
+        self._event.set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until done; return the result or raise the request's error."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._event.is_set() and self.on_wait is not None:
+            self.on_wait()
+        # Waiting in short slices keeps Ctrl-C responsive in the main thread.
+        while not self._event.wait(0.1):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"request '{self.name}' did not finish in {timeout}s")
+        if self._error is not None:
+            if isinstance(self._error, DLCommError):
+                raise type(self._error)(str(self._error))
+            raise self._error
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<dlcomm.Handle '{self.name}' {state}>"
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    """One named collective submitted by the user thread."""
+
+    name: str
+    signature: Signature
+    arrays: list[Any] = dataclasses.field(default_factory=list)  # inputs
+    outputs: list[Any] = dataclasses.field(default_factory=list)  # in-place targets, if any
+    handle: Handle = dataclasses.field(default=None)  # type: ignore[assignment]
+    submitted_at: float = dataclasses.field(default_factory=time.monotonic)
+    announced: bool = False
+    grouped: bool = False  # grouped_allreduce: the result is a list of arrays
+
+    def __post_init__(self) -> None:
+        if self.handle is None:
+            self.handle = Handle(self.name)
+
+    @property
+    def kind(self) -> Kind:
+        return self.signature.kind
+
+    @property
+    def op(self) -> ReduceOp | None:
+        return ReduceOp(self.signature.op) if self.signature.op else None

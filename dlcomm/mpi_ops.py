@@ -1,0 +1,280 @@
+"""Collectives over numpy arrays, with Horovod's names and meanings.
+
+Every call validates its arguments on the calling thread (``TypeError``/``ValueError``
+before anything is sent), then hands a named request to the engine. ``*_async`` calls return
+a ``Handle`` for ``poll``/``synchronize``; the others wait for the result.
+"""
+from __future__ import annotations
+
+import itertools
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dlcomm import basics
+from dlcomm.engine.request import Handle, Kind, Request, Signature
+from dlcomm.ops import Average, ReduceOp, as_reduce_op
+from dlcomm.process_sets import ProcessSet, global_process_set
+
+_REDUCIBLE = frozenset("bBhHiIlLqQefd")  # ints, uints, float16/32/64
+_MOVABLE = _REDUCIBLE | {"?"}  # gather, broadcast and alltoall also move bools
+_counters: dict[str, itertools.count] = {}
+
+
+def _auto_name(kind: str) -> str:
+    counter = _counters.setdefault(kind, itertools.count())
+    return f"{kind}.noname.{next(counter)}"
+
+
+def _check_name(name: str | None, kind: str) -> str:
+    if name is None:
+        return _auto_name(kind)
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if not name:
+        raise ValueError("name must not be empty (pass None for an automatic name)")
+    return name
+
+
+def _check_array(tensor: Any, what: str, allowed: frozenset[str]) -> np.ndarray:
+    if not isinstance(tensor, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray, got {type(tensor).__name__} "
+                        "(use the framework adapter, e.g. dlcomm.torch, for framework tensors)")
+    if tensor.dtype.char not in allowed:
+        names = sorted({np.dtype(c).name for c in allowed})
+        raise TypeError(f"{what} has unsupported dtype {tensor.dtype}; supported: "
+                        f"{', '.join(names)}")
+    return np.ascontiguousarray(tensor)
+
+
+def _check_output(output: np.ndarray | None, like: np.ndarray) -> np.ndarray:
+    if output is None:
+        return np.empty_like(like)
+    if not isinstance(output, np.ndarray):
+        raise TypeError(f"output must be a numpy.ndarray, got {type(output).__name__}")
+    if output.shape != like.shape or output.dtype != like.dtype:
+        raise ValueError(f"output has shape {output.shape} and dtype {output.dtype}; "
+                         f"expected {like.shape} and {like.dtype}")
+    if not output.flags.c_contiguous or not output.flags.writeable:
+        raise ValueError("output must be C-contiguous and writeable")
+    return output
+
+
+def _check_factor(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def _check_process_set(process_set: ProcessSet) -> int:
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be a dlcomm.ProcessSet, got "
+                        f"{type(process_set).__name__}")
+    st = basics.state()
+    set_id = process_set.process_set_id
+    if set_id is None or set_id not in st.process_sets:
+        raise ValueError(f"{process_set!r} is not registered: call add_process_set first")
+    if st.rank not in process_set.ranks:  # type: ignore[operator]
+        raise ValueError(f"this rank ({st.rank}) is not a member of {process_set!r}")
+    return set_id
+
+
+def _submit(name: str, sig: Signature, arrays: list[np.ndarray],
+            outputs: list[np.ndarray], grouped: bool = False) -> Handle:
+    req = Request(name, sig, arrays, outputs, grouped=grouped)
+    return basics.state().engine.submit(req)
+
+
+# --- all-reduce ------------------------------------------------------------------------------
+def allreduce_async(tensor: np.ndarray, name: str | None = None, op: ReduceOp = Average,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set,
+                    output: np.ndarray | None = None, compression: str = "none") -> Handle:
+    """Start an all-reduce; ``output`` may be ``tensor`` itself (in place)."""
+    return grouped_allreduce_async([tensor], name, op, prescale_factor, postscale_factor,
+                                   process_set, None if output is None else [output],
+                                   compression, _grouped=False)
+
+
+def allreduce(tensor: np.ndarray, name: str | None = None, op: ReduceOp = Average,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set,
+              output: np.ndarray | None = None) -> np.ndarray:
+    """All-reduce ``tensor`` over the process set and return the result."""
+    return allreduce_async(tensor, name, op, prescale_factor, postscale_factor, process_set,
+                           output).wait()
+
+
+def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = None,
+                            op: ReduceOp = Average, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set,
+                            outputs: Sequence[np.ndarray] | None = None,
+                            compression: str = "none", *, _grouped: bool = True) -> Handle:
+    """Start an all-reduce of several tensors that are negotiated and fused as one."""
+    kind = "grouped_allreduce" if _grouped else "allreduce"
+    if isinstance(tensors, np.ndarray) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"tensors must be a list of numpy arrays, got {type(tensors).__name__}")
+    if not tensors:
+        raise ValueError("grouped_allreduce needs at least one tensor")
+    arrays = [_check_array(t, f"tensors[{i}]" if _grouped else "tensor", _REDUCIBLE)
+              for i, t in enumerate(tensors)]
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) > 1:
+        raise ValueError(f"grouped tensors must share one dtype, got {sorted(map(str, dtypes))}")
+    op = as_reduce_op(op)
+    if outputs is not None and len(outputs) != len(arrays):
+        raise ValueError(f"got {len(outputs)} outputs for {len(arrays)} tensors")
+    outs = [_check_output(None if outputs is None else outputs[i], a)
+            for i, a in enumerate(arrays)]
+    sig = Signature(Kind.ALLREDUCE, _check_process_set(process_set), arrays[0].dtype.str,
+                    tuple(a.shape for a in arrays), op.value, -1,
+                    _check_factor(prescale_factor, "prescale_factor"),
+                    _check_factor(postscale_factor, "postscale_factor"), compression)
+    return _submit(_check_name(name, kind), sig, arrays, outs, grouped=_grouped)
+
+
+def grouped_allreduce(tensors: Sequence[np.ndarray], name: str | None = None,
+                      op: ReduceOp = Average, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    """All-reduce several tensors together; returns a list of results."""
+    return grouped_allreduce_async(tensors, name, op, prescale_factor, postscale_factor,
+                                   process_set).wait()
+
+
+# --- all-gather, broadcast, alltoall, reduce-scatter --------------------------------------
+def allgather_async(tensor: np.ndarray, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start concatenating every rank's tensor along dimension 0 (sizes may differ)."""
+    x = _check_array(tensor, "tensor", _MOVABLE)
+    if x.ndim == 0:
+        raise ValueError("allgather needs at least one dimension (got a 0-d array)")
+    sig = Signature(Kind.ALLGATHER, _check_process_set(process_set), x.dtype.str, (x.shape,))
+    return _submit(_check_name(name, "allgather"), sig, [x], [])
+
+
+def allgather(tensor: np.ndarray, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Concatenate every rank's tensor along dimension 0."""
+    return allgather_async(tensor, name, process_set).wait()
+
+
+def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set,
+                    output: np.ndarray | None = None) -> Handle:
+    """Start copying ``root_rank``'s tensor to every rank (``output=tensor``: in place)."""
+    x = _check_array(tensor, "tensor", _MOVABLE)
+    set_id = _check_process_set(process_set)
+    if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
+        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
+    n = process_set.size()
+    if not 0 <= root_rank < n:
+        raise ValueError(f"root_rank {root_rank} is out of range for a process set of "
+                         f"{n} ranks")
+    out = _check_output(output, x)
+    if out is not x and process_set.rank() == root_rank:
+        np.copyto(out, x)
+    sig = Signature(Kind.BROADCAST, set_id, x.dtype.str, (x.shape,), root=int(root_rank))
+    return _submit(_check_name(name, "broadcast"), sig, [x], [out])
+
+
+def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set,
+              output: np.ndarray | None = None) -> np.ndarray:
+    """Return ``root_rank``'s tensor on every rank."""
+    return broadcast_async(tensor, root_rank, name, process_set, output).wait()
+
+
+def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,
+                   name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> Handle:
+    """Start sending ``splits[j]`` rows of ``tensor`` to rank j (even split by default).
+
+    The handle's result is ``(output, received_splits)``.
+    """
+    x = _check_array(tensor, "tensor", _MOVABLE)
+    if x.ndim == 0:
+        raise ValueError("alltoall needs at least one dimension (got a 0-d array)")
+    set_id = _check_process_set(process_set)
+    n = process_set.size()
+    if splits is None:
+        if x.shape[0] % n:
+            raise ValueError(f"tensor's first dimension ({x.shape[0]}) is not divisible by "
+                             f"the {n} ranks; pass splits=")
+        split_list = [x.shape[0] // n] * n
+    else:
+        split_list = [int(s) for s in np.asarray(splits).reshape(-1)]
+        if len(split_list) != n:
+            raise ValueError(f"splits has {len(split_list)} entries; the process set has "
+                             f"{n} ranks")
+        if any(s < 0 for s in split_list) or sum(split_list) != x.shape[0]:
+            raise ValueError(f"splits {split_list} must be non-negative and sum to the first "
+                             f"dimension {x.shape[0]}")
+    sig = Signature(Kind.ALLTOALL, set_id, x.dtype.str, (x.shape,), splits=tuple(split_list))
+    return _submit(_check_name(name, "alltoall"), sig, [x], [])
+
+
+def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,
+             name: str | None = None, process_set: ProcessSet = global_process_set
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Exchange rows with every rank; returns ``(output, received_splits)``."""
+    out, received = alltoall_async(tensor, splits, name, process_set).wait()
+    return out, np.asarray(received, dtype=np.int32)
+
+
+def reducescatter_async(tensor: np.ndarray, name: str | None = None, op: ReduceOp = Average,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start a reduce, after which rank i keeps the i-th part of dimension 0."""
+    x = _check_array(tensor, "tensor", _REDUCIBLE)
+    if x.ndim == 0:
+        raise ValueError("reducescatter needs at least one dimension (got a 0-d array)")
+    op = as_reduce_op(op)
+    sig = Signature(Kind.REDUCESCATTER, _check_process_set(process_set), x.dtype.str,
+                    (x.shape,), op.value, -1, _check_factor(prescale_factor, "prescale_factor"),
+                    _check_factor(postscale_factor, "postscale_factor"))
+    return _submit(_check_name(name, "reducescatter"), sig, [x], [])
+
+
+def reducescatter(tensor: np.ndarray, name: str | None = None, op: ReduceOp = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduce over ranks and keep this rank's part of dimension 0."""
+    return reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                               postscale_factor).wait()
+
+
+# --- synchronisation -------------------------------------------------------------------------
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Wait until every rank of the process set reaches the barrier."""
+    set_id = _check_process_set(process_set)
+    _submit(_auto_name(f"barrier.{set_id}"), Signature(Kind.BARRIER, set_id), [], []).wait()
+
+
+def join(device: int = -1) -> int:
+    """Mark this rank as out of data; serve others' all-reduces until every rank joins.
+
+    Returns the rank that joined last. While a rank has joined, it contributes zeros to
+    Sum and Average all-reduces, and averages divide by the ranks that contributed.
+    """
+    if isinstance(device, bool) or not isinstance(device, numbers.Integral):
+        raise TypeError(f"device must be an int, got {type(device).__name__}")
+    return _submit(_auto_name("join"), Signature(Kind.JOIN, 0), [], []).wait()
+
+
+def poll(handle: Handle) -> bool:
+    """True when the request behind ``handle`` has finished (successfully or not)."""
+    if not isinstance(handle, Handle):
+        raise TypeError(f"poll takes a handle from an *_async call, got {type(handle).__name__}")
+    return handle.done()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for ``handle``; return its result or raise its error."""
+    if not isinstance(handle, Handle):
+        raise TypeError(f"synchronize takes a handle from an *_async call, got "
+                        f"{type(handle).__name__}")
+    return handle.wait()
