@@ -34,13 +34,12 @@ def _version() -> str:
 def _register_placeholder(subparsers: argparse._SubParsersAction, name: str) -> None:
     """A subcommand whose module is not written yet: accepts anything, exits 2."""
     parser = subparsers.add_parser(name, help="(not yet available)", add_help=False)
-    parser.add_argument("rest", nargs=argparse.REMAINDER)
 
     def _not_available(_args: argparse.Namespace) -> int:
         print(f"dlcomm {name}: not yet available in this version of dlcomm", file=sys.stderr)
         return EXIT_NOT_AVAILABLE
 
-    parser.set_defaults(func=_not_available)
+    parser.set_defaults(func=_not_available, accepts_any_arguments=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(None if argv is None else list(argv))
+    args, unknown = parser.parse_known_args(None if argv is None else list(argv))
+    if unknown and not getattr(args, "accepts_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args))
     except (ValueError, OSError) as exc:

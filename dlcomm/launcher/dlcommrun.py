@@ -7,6 +7,7 @@ job on an emulated cluster with shaped links (``dlcomm.launcher.emulate``).
 """
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import signal
@@ -327,8 +328,8 @@ def _launch(
 
 def _run_emulated(opts: LaunchOptions, env: dict[str, str]) -> int:
     """Run the job inside ``emulate.emulated_cluster`` (or tear emulation down)."""
-    from dlcomm.launcher import emulate
-
+    # Imported here, by name: only --emulate needs it (and tests swap in a fake module).
+    emulate = importlib.import_module("dlcomm.launcher.emulate")
     error_type = getattr(emulate, "EmulationError", RuntimeError)
     try:
         if opts.emulate == "down":
