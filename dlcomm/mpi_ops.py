@@ -39,6 +39,8 @@ def _check_name(name: str | None, kind: str) -> str:
 
 
 def _check_array(tensor: Any, what: str, allowed: frozenset[str]) -> np.ndarray:
+    if isinstance(tensor, np.generic):  # a numpy scalar travels as a 0-d array
+        tensor = np.asarray(tensor)
     if not isinstance(tensor, np.ndarray):
         raise TypeError(f"{what} must be a numpy.ndarray, got {type(tensor).__name__} "
                         "(use the framework adapter, e.g. dlcomm.torch, for framework tensors)")
@@ -46,7 +48,8 @@ def _check_array(tensor: Any, what: str, allowed: frozenset[str]) -> np.ndarray:
         names = sorted({np.dtype(c).name for c in allowed})
         raise TypeError(f"{what} has unsupported dtype {tensor.dtype}; supported: "
                         f"{', '.join(names)}")
-    return np.ascontiguousarray(tensor)
+    # A view when already contiguous; ascontiguousarray would turn 0-d into 1-d.
+    return tensor if tensor.flags.c_contiguous else tensor.copy(order="C")
 
 
 def _check_output(output: np.ndarray | None, like: np.ndarray) -> np.ndarray:

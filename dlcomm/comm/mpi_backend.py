@@ -17,29 +17,34 @@ _MPI_OPS = {
     ReduceOp.PRODUCT: MPI.PROD,
 }
 
-# MPI has no half-precision type: float16 travels as 2-byte integers and is combined by
-# user-defined ops that reinterpret the bytes (commutative, so MPI may use any algorithm).
-_FLOAT16_UFUNCS = {
+# MPI has no half-precision type: float16 travels as 2-byte integers. And Open MPI 4.1's
+# vectorised ops saturate 8- and 16-bit integer sums (255 + 1 -> 255) where every other
+# dtype wraps. Both are combined by user-defined ops that reinterpret the bytes with numpy
+# (commutative, so MPI may use any algorithm).
+_NUMPY_REDUCED = frozenset(np.dtype(t) for t in
+                           (np.float16, np.int8, np.uint8, np.int16, np.uint16))
+_UFUNCS = {
     ReduceOp.SUM: np.add,
     ReduceOp.AVERAGE: np.add,
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
     ReduceOp.PRODUCT: np.multiply,
 }
-_float16_ops: dict[ReduceOp, MPI.Op] = {}
+_numpy_ops: dict[tuple[np.dtype, ReduceOp], MPI.Op] = {}
 
 
-def _float16_op(op: ReduceOp) -> MPI.Op:
-    if op not in _float16_ops:
-        ufunc = _FLOAT16_UFUNCS[op]
+def _numpy_op(dtype: np.dtype, op: ReduceOp) -> MPI.Op:
+    key = (dtype, op)
+    if key not in _numpy_ops:
+        ufunc = _UFUNCS[op]
 
         def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-            a = np.frombuffer(inbuf, dtype=np.float16)
-            b = np.frombuffer(inoutbuf, dtype=np.float16)
+            a = np.frombuffer(inbuf, dtype=dtype)
+            b = np.frombuffer(inoutbuf, dtype=dtype)
             ufunc(a, b, out=b)
 
-        _float16_ops[op] = MPI.Op.Create(combine, commute=True)
-    return _float16_ops[op]
+        _numpy_ops[key] = MPI.Op.Create(combine, commute=True)
+    return _numpy_ops[key]
 
 
 def _wire(buf: np.ndarray) -> np.ndarray:
@@ -52,7 +57,7 @@ def _wire(buf: np.ndarray) -> np.ndarray:
 
 
 def _mpi_op(dtype: np.dtype, op: ReduceOp) -> MPI.Op:
-    return _float16_op(op) if dtype == np.float16 else _MPI_OPS[op]
+    return _numpy_op(dtype, op) if dtype in _NUMPY_REDUCED else _MPI_OPS[op]
 
 
 class _MPIRequest:

@@ -29,6 +29,7 @@ log = logging.getLogger("dlcomm")
 _NO_UNCACHED = np.uint64(1)  # flag bit: this rank needs no full negotiation round
 _STALL_ABORT = "__stall_abort__"
 _IDLE_WAIT_CAP = 0.005  # seconds: longest sleep between idle rounds
+_POLL_SPIN = 5e-5  # seconds spent re-testing before sleeping
 _POLL_SLEEP_CAP = 2e-4  # seconds: longest sleep between tests of a pending negotiation
 
 
@@ -203,10 +204,16 @@ class Engine:
 
     def _wait(self, pending: Any) -> None:
         """Poll a non-blocking collective, sleeping so waiting ranks leave the CPU free."""
-        delay = 0.0
+        spin_until = time.perf_counter() + _POLL_SPIN
         while not pending.test():
-            time.sleep(delay)
-            delay = min(max(delay * 2, 1e-5), _POLL_SLEEP_CAP)
+            if time.perf_counter() < spin_until:
+                time.sleep(0)  # yield the GIL, stay runnable: peers usually arrive soon
+                continue
+            delay = 1e-5
+            while not pending.test():
+                time.sleep(delay)
+                delay = min(delay * 2, _POLL_SLEEP_CAP)
+            return
 
     def _retire(self, responses: list[Response]) -> None:
         done = []
