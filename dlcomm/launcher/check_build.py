@@ -111,8 +111,9 @@ def _mpirun_item(mpirun: str) -> BuildItem:
     """The launcher line: where ``mpirun`` is and which MPI it belongs to."""
     path = shutil.which(mpirun)
     if path is None:
-        return BuildItem("Launcher", "mpirun", False, "not found on PATH: install Open MPI "
-                         "(make install)")
+        return BuildItem(
+            "Launcher", "mpirun", False, "not found on PATH; install Open MPI: make install"
+        )
     try:
         proc = subprocess.run(
             [path, "--version"], check=False, capture_output=True, text=True, timeout=30

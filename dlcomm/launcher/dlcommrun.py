@@ -316,7 +316,7 @@ def _launch(
         return 0
     if not prefix and not mpirun_available(opts.mpirun):
         return _error(
-            f"{opts.mpirun!r} not found on PATH: install Open MPI (make install)", EXIT_NO_MPIRUN
+            f"{opts.mpirun!r} not found on PATH; install Open MPI: make install", EXIT_NO_MPIRUN
         )
     if opts.verbose:
         print(f"dlcommrun: {shlex.join(argv)}", file=sys.stderr, flush=True)
