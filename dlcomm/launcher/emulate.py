@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from dlcomm.launcher.emulate_agent import write_agent_scripts
 from dlcomm.launcher.emulate_netns import (
     EmulationError,
+    emulation_lock,
     make_workdir,
     require_privileges,
     run_commands,
@@ -105,10 +106,14 @@ def _signals_unwind() -> Iterator[None]:
 
 
 @contextmanager
-def emulated_cluster(spec: EmulationSpec, slots_per_host: int = 1) -> Iterator[Cluster]:
+def emulated_cluster(
+    spec: EmulationSpec, slots_per_host: int = 1, *, wait_s: float = 0.0
+) -> Iterator[Cluster]:
     """Build the emulated cluster for ``spec``, yield its ``Cluster``, always tear it down.
 
-    A leftover emulation from a crashed run is removed first. Raises EmulationError when not
+    Only one emulated cluster can exist per machine: with another one running this waits up
+    to ``wait_s`` seconds, then raises EmulationError. A leftover emulation from a crashed
+    run is removed first. Raises EmulationError when not
     root, when ip/tc are missing or when a setup command fails (after tearing down).
     SIGTERM and SIGHUP inside the block end it like an exception (after teardown the
     process exits by re-raising, status 1); Ctrl-C raises KeyboardInterrupt as usual.
@@ -119,7 +124,7 @@ def emulated_cluster(spec: EmulationSpec, slots_per_host: int = 1) -> Iterator[C
     names = host_names(spec)
     args_check = hosts_arg(spec, slots_per_host)  # validates slots_per_host before any change
     require_privileges()
-    with _signals_unwind():
+    with _signals_unwind(), emulation_lock(wait_s):
         teardown_everything()
         try:
             workdir = make_workdir()

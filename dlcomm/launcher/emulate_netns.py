@@ -7,13 +7,16 @@ Only objects named ``dlc-*`` are ever touched: namespaces, root-namespace links,
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from dlcomm.launcher.emulate_plan import NAME_PREFIX, teardown_commands
@@ -22,6 +25,7 @@ NEEDS_ROOT_MESSAGE = "--emulate needs root and iproute2; run as root or with sud
 NETNS_ETC = Path("/etc/netns")
 WORKDIR_PREFIX = "dlc-emulate-"
 COMMAND_TIMEOUT_S = 30.0
+LOCK_PATH = Path("/run/dlc-emulate.lock")
 
 
 class EmulationError(RuntimeError):
@@ -119,6 +123,43 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@contextmanager
+def emulation_lock(wait_s: float = 0.0) -> Iterator[None]:
+    """Hold the machine-wide lock of the emulated cluster (names are fixed: one at a time).
+
+    Waits up to ``wait_s`` seconds for another emulation to finish, then raises
+    EmulationError naming the holder. The kernel drops the lock when its holder dies, so a
+    crashed run never blocks the next one.
+    """
+    if wait_s < 0:
+        raise ValueError(f"wait_s must be >= 0, got {wait_s}")
+    handle = open(LOCK_PATH, "a+")
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    handle.seek(0)
+                    holder = handle.read().strip() or "unknown"
+                    raise EmulationError(
+                        f"another emulated cluster is running (pid {holder}); wait for it to "
+                        "finish, or remove it with `dlcommrun --emulate down`"
+                    ) from exc
+                time.sleep(0.2)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        handle.close()
 
 
 def write_netns_hosts(namespaces: Sequence[str], text: str) -> None:

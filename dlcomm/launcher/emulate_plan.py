@@ -63,10 +63,12 @@ def parse_spec(text: str) -> EmulationSpec:
         raise ValueError(f"bad rate unit {unit!r} in {text!r}: use one of {units}; {_SPEC_EXAMPLE}")
     hosts = int(hosts_text)
     if not 1 <= hosts <= MAX_HOSTS:
-        raise ValueError(f"emulated hosts must be 1..{MAX_HOSTS}, got {hosts} in {text!r}")
+        raise ValueError(
+            f"emulated hosts must be 1..{MAX_HOSTS}, got {hosts} in {text!r}; {_SPEC_EXAMPLE}"
+        )
     rate_bits = round(float(number_text) * _RATE_UNITS[unit])
     if rate_bits < 8000:
-        raise ValueError(f"rate in {text!r} is below 8kbit, which tbf cannot shape usefully")
+        raise ValueError(f"rate in {text!r} is below 8kbit, too slow to shape; {_SPEC_EXAMPLE}")
     return EmulationSpec(hosts=hosts, rate_bits=rate_bits, rate_text=f"{number_text}{unit}")
 
 
