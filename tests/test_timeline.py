@@ -254,3 +254,14 @@ def test_two_ranks_write_one_file_each(tmp_path: Path) -> None:
     summary = summarize(load_trace(files))
     assert summary.ranks == [0, 1]
     assert summary.phases[0].count == 3  # rank 0 once, rank 1 twice
+
+
+def test_args_that_json_cannot_encode_are_converted(tmp_path: Path) -> None:
+    import numpy as np
+
+    with Timeline(str(tmp_path / "t.json"), 0) as tl:
+        tl.begin("g", "compress", {"k": np.int64(7), "ratio": np.float32(0.5),
+                                   "dtype": np.dtype("float32")})
+        tl.end("g", "compress")
+    (span,) = [e for e in json.loads((tmp_path / "t.json").read_text()) if e["ph"] == "X"]
+    assert span["args"] == {"k": 7, "ratio": 0.5, "dtype": "float32"}

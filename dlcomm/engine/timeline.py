@@ -23,6 +23,17 @@ FLUSH_EVERY_SECONDS = 1.0
 MARKER_TID = 0  # row for instant events (cycle markers); tensors get rows 1, 2, ...
 
 
+def _plain(value: object) -> object:
+    """JSON stand-in for an arg JSON cannot encode: a numpy scalar's value, else its str()."""
+    try:
+        return value.item()  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
+        return str(value)
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_plain)
+
+
 def _now_ns() -> int:
     """Nanoseconds on the system-wide monotonic clock (shared by ranks on one host)."""
     return time.monotonic_ns()
@@ -181,8 +192,8 @@ class Timeline:
     def _flush_locked(self) -> None:
         """Write buffered events, comma-separated, so the array stays well formed."""
         if self._pending:
-            text = ",\n".join(json.dumps(e, separators=(",", ":"), default=str)
-                              for e in self._pending)
+            # One encode call per batch is cheaper than one per event; a batch is one line.
+            text = _ENCODER.encode(self._pending)[1:-1]
             self._file.write((",\n" if self._wrote_any else "") + text)
             self._wrote_any = True
             self._pending.clear()
