@@ -143,7 +143,7 @@ for step in range(20):
 assert hvd.bytes_sent() > 0
 hvd.shutdown()
 assert not hvd.is_initialized()
-print("OK", r, flush=True)
+print(f"OK {r}", flush=True)
 '''
 
 JOIN_SCRIPT = r'''
@@ -164,7 +164,7 @@ last = hvd.join()
 assert last == n - 1, last
 # after everyone joined, normal collectives work again
 assert hvd.allreduce(np.array([1.0]), name="after", op=hvd.Sum)[0] == n
-print("OK", r, flush=True)
+print(f"OK {r}", flush=True)
 '''
 
 

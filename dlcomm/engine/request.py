@@ -76,11 +76,15 @@ class Signature:
 
 def mismatch_message(name: str, sigs: dict[int, Signature]) -> str | None:
     """Describe how ranks disagree about ``name``, or ``None`` when they agree."""
+    kinds = {r: s.kind.value for r, s in sorted(sigs.items())}
+    if len(set(kinds.values())) > 1:  # other fields are not comparable across kinds
+        listed = ", ".join(f"rank {r}: {k}" for r, k in kinds.items())
+        return f"ranks submitted tensor '{name}' with mismatched arguments: kind differs ({listed})"
     per_rank = {r: s.agreed_fields() for r, s in sorted(sigs.items())}
-    first = next(iter(per_rank.values()))
+    fields = list(dict.fromkeys(k for f in per_rank.values() for k in f))  # union, in order
     problems = []
-    for field in first:
-        values = {r: f[field] for r, f in per_rank.items()}
+    for field in fields:
+        values = {r: f.get(field, "-") for r, f in per_rank.items()}
         if len(set(map(repr, values.values()))) > 1:
             listed = ", ".join(f"rank {r}: {v}" for r, v in values.items())
             problems.append(f"{field} differs ({listed})")
