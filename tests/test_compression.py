@@ -21,8 +21,10 @@ from dlcomm.compression import (
     ErrorFeedback,
     PowerSGD,
     RandomK,
+    SelfComm,
     TopK,
     available_compressors,
+    compressed_allreduce,
     compressor_from_env,
     get_compressor,
 )
@@ -290,3 +292,26 @@ def test_compressor_from_env():
         compressor_from_env(env={"DLCOMM_COMPRESS_1D": "yes"})
     with pytest.raises(ValueError, match="valid names"):
         compressor_from_env(env={"DLCOMM_COMPRESSION": "nope"})
+
+
+def test_compressed_allreduce_on_one_rank_and_its_argument_checks():
+    x = np.random.default_rng(9).standard_normal((40, 30)).astype(np.float32)
+    for spec in ALL_SPECS:
+        c, ref = make(spec), make(spec)
+        np.testing.assert_array_equal(compressed_allreduce(c, x, "w", SelfComm()),
+                                      simulate([ref], [x], "w"))
+    with pytest.raises(TypeError, match="Compressor"):
+        compressed_allreduce("topk", x, "w", SelfComm())
+    with pytest.raises(TypeError, match="comm must provide"):
+        compressed_allreduce(make("none"), x, "w", object())
+
+
+def test_throughput_script_runs_and_reports_every_spec():
+    from dlcomm.compression.throughput import format_tables, measure_throughput, measure_topk
+
+    rows = measure_throughput(sizes=(2048,), specs=("none", "powersgd:rank=2"), repeats=1)
+    assert [r["spec"] for r in rows] == ["memcpy", "none", "powersgd:rank=2"]
+    table = format_tables(rows, measure_topk(1 << 12, repeats=1))
+    assert "`powersgd:rank=2`" in table and "approx (threshold)" in table
+    with pytest.raises(ValueError, match="multiples of 1024"):
+        measure_throughput(sizes=(1000,))

@@ -19,7 +19,12 @@ from dlcomm.compression.base import (
 )
 from dlcomm.compression.casts import BF16Compressor, FP16Compressor, NoneCompressor
 from dlcomm.compression.error_feedback import ErrorFeedback
-from dlcomm.compression.exchange import ExchangeComm, compressed_allreduce, sparse_tree_merge
+from dlcomm.compression.exchange import (
+    ExchangeComm,
+    SelfComm,
+    compressed_allreduce,
+    sparse_tree_merge,
+)
 from dlcomm.compression.gtopk import GTopK
 from dlcomm.compression.lowrank import ACPSGD, PowerSGD
 from dlcomm.compression.mpi_adapter import MPICommAdapter
@@ -39,7 +44,7 @@ __all__ = [
     "ACPSGD", "ALLGATHER", "ALLREDUCE", "BF16Compressor", "Compressor", "CompressorWrapper",
     "Context", "EFSignSGD", "ErrorFeedback", "ExchangeComm", "FP16Compressor", "GTopK",
     "MPICommAdapter", "NoneCompressor", "PayloadCast", "PowerSGD", "QSGD", "RandomK",
-    "SPARSE_MERGE", "Signum", "TopK", "array_namespace", "available_compressors",
+    "SPARSE_MERGE", "SelfComm", "Signum", "TopK", "array_namespace", "available_compressors",
     "compressed_allreduce", "compressor_from_env", "get_compressor", "parse_spec",
     "register_compressor", "sparse_tree_merge",
 ]

@@ -36,6 +36,22 @@ class ExchangeComm(Protocol):
         """Send 1-D ``arr`` to ``peer`` and return what ``peer`` sent (any size, same dtype)."""
 
 
+class SelfComm:
+    """A one-rank ``ExchangeComm``: collectives return their input (single-process runs)."""
+
+    size = 1
+    rank = 0
+
+    def allreduce_sum(self, arr: object) -> object:
+        return arr.copy()
+
+    def allgather(self, arr: object) -> list:
+        return [arr.copy()]
+
+    def sendrecv(self, arr: object, peer: int) -> object:
+        raise ValueError(f"a one-rank communicator has no peer {peer}")
+
+
 def compressed_allreduce(
     compressor: Compressor, tensor: object, name: str, comm: ExchangeComm, average: bool = True
 ) -> object:
