@@ -85,17 +85,38 @@ def _check_process_set(process_set: ProcessSet) -> int:
 
 
 def _submit(name: str, sig: Signature, arrays: list[np.ndarray],
-            outputs: list[np.ndarray], grouped: bool = False) -> Handle:
-    req = Request(name, sig, arrays, outputs, grouped=grouped)
+            outputs: list[np.ndarray], grouped: bool = False, compressor: Any = None) -> Handle:
+    req = Request(name, sig, arrays, outputs, grouped=grouped, compressor=compressor)
     return basics.state().engine.submit(req)
+
+
+def _check_compression(compression: Any, arrays: list[np.ndarray]) -> tuple[str, Any]:
+    """Return (spec agreed across ranks, compressor object or None) for an all-reduce."""
+    from dlcomm.compression import Compressor, get_compressor
+
+    if compression is None or compression == "none":
+        return "none", None
+    if isinstance(compression, str):
+        compression = get_compressor(compression)
+    if not isinstance(compression, Compressor):
+        raise TypeError(f"compression must be a spec like 'topk:ratio=0.01' or a "
+                        f"dlcomm.compression.Compressor, got {type(compression).__name__}")
+    if any(a.dtype.kind != "f" for a in arrays):
+        raise TypeError(f"compression {compression.describe()!r} needs floating-point "
+                        f"tensors, got {arrays[0].dtype}")
+    return compression.describe(), compression
 
 
 # --- all-reduce ------------------------------------------------------------------------------
 def allreduce_async(tensor: np.ndarray, name: str | None = None, op: ReduceOp = Average,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set,
-                    output: np.ndarray | None = None, compression: str = "none") -> Handle:
-    """Start an all-reduce; ``output`` may be ``tensor`` itself (in place)."""
+                    output: np.ndarray | None = None, compression: Any = "none") -> Handle:
+    """Start an all-reduce; ``output`` may be ``tensor`` itself (in place).
+
+    ``compression`` is a compressor spec (``"topk:ratio=0.01"``) or a
+    ``dlcomm.compression.Compressor``; its state (residuals) is kept per tensor name.
+    """
     return grouped_allreduce_async([tensor], name, op, prescale_factor, postscale_factor,
                                    process_set, None if output is None else [output],
                                    compression, _grouped=False)
@@ -104,10 +125,10 @@ def allreduce_async(tensor: np.ndarray, name: str | None = None, op: ReduceOp = 
 def allreduce(tensor: np.ndarray, name: str | None = None, op: ReduceOp = Average,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set,
-              output: np.ndarray | None = None) -> np.ndarray:
+              output: np.ndarray | None = None, compression: Any = "none") -> np.ndarray:
     """All-reduce ``tensor`` over the process set and return the result."""
     return allreduce_async(tensor, name, op, prescale_factor, postscale_factor, process_set,
-                           output).wait()
+                           output, compression).wait()
 
 
 def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = None,
@@ -115,7 +136,7 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = No
                             postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set,
                             outputs: Sequence[np.ndarray] | None = None,
-                            compression: str = "none", *, _grouped: bool = True) -> Handle:
+                            compression: Any = "none", *, _grouped: bool = True) -> Handle:
     """Start an all-reduce of several tensors that are negotiated and fused as one."""
     kind = "grouped_allreduce" if _grouped else "allreduce"
     if isinstance(tensors, np.ndarray) or not isinstance(tensors, (list, tuple)):
@@ -132,11 +153,15 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = No
         raise ValueError(f"got {len(outputs)} outputs for {len(arrays)} tensors")
     outs = [_check_output(None if outputs is None else outputs[i], a)
             for i, a in enumerate(arrays)]
+    spec, compressor = _check_compression(compression, arrays)
+    if compressor is not None and op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(f"compression works with op Sum or Average, got {op!r}")
     sig = Signature(Kind.ALLREDUCE, _check_process_set(process_set), arrays[0].dtype.str,
                     tuple(a.shape for a in arrays), op.value, -1,
                     _check_factor(prescale_factor, "prescale_factor"),
-                    _check_factor(postscale_factor, "postscale_factor"), compression)
-    return _submit(_check_name(name, kind), sig, arrays, outs, grouped=_grouped)
+                    _check_factor(postscale_factor, "postscale_factor"), spec)
+    return _submit(_check_name(name, kind), sig, arrays, outs, grouped=_grouped,
+                   compressor=compressor)
 
 
 def grouped_allreduce(tensors: Sequence[np.ndarray], name: str | None = None,

@@ -126,7 +126,10 @@ class Coordinator:
     @staticmethod
     def _joined_conflict(name: str, sig: Signature, joined: frozenset[int]) -> str | None:
         if sig.kind is Kind.ALLREDUCE and sig.op in ("sum", "average"):
-            return None
+            if sig.compression == "none":
+                return None
+            return (f"'{name}': compressed all-reduce ({sig.compression}) cannot run while "
+                    f"ranks {sorted(joined)} have joined; use compression 'none' with join()")
         what = f"{sig.kind.value} with op {sig.op}" if sig.op else sig.kind.value
         return (f"'{name}': {what} cannot run while ranks {sorted(joined)} have joined; "
                 "after join() only Sum and Average all-reduces are served")

@@ -149,6 +149,7 @@ class Request:
     submitted_at: float = dataclasses.field(default_factory=time.monotonic)
     announced: bool = False
     grouped: bool = False  # grouped_allreduce: the result is a list of arrays
+    compressor: Any = None  # a dlcomm.compression.Compressor, when signature.compression set
 
     def __post_init__(self) -> None:
         if self.handle is None:
