@@ -26,30 +26,37 @@ DEFAULT_SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 
 
 def measure_p2p(cluster: Cluster, seconds: float = 3.0) -> dict:
-    """One TCP stream from host 0 to host 1 for about ``seconds`` at the configured rate."""
+    """One TCP stream from host 0 to host 1: ``seconds`` worth of bytes at the configured rate.
+
+    The sender stops after twice ``seconds`` even if the link is slower than configured
+    (the ceiling runs), so a run never takes much longer than intended.
+    """
     if len(cluster.host_names) < 2:
         raise ValueError("point-to-point needs at least 2 emulated hosts")
     if seconds <= 0:
         raise ValueError(f"seconds must be positive, got {seconds}")
     rate = cluster.spec.rate_bits
     total = int(rate / 8 * seconds)
-    timeout = seconds * 4 + 10
+    send_timeout = seconds * 2
+    recv_timeout = seconds * 4 + 10
     probe = [sys.executable, "-m", "dlcomm.launcher.emulate_tcp_probe"]
     receiver = subprocess.Popen(
         [*cluster.exec_prefix(1), *probe, "recv", cluster.addresses[1], str(PROBE_PORT),
-         str(total), str(timeout)],
+         str(total), str(recv_timeout)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
         first_line = receiver.stdout.readline()
         if "listening" not in first_line:
             raise EmulationError(f"TCP probe receiver did not start: {receiver.stderr.read()}")
-        subprocess.run(
+        sender = subprocess.run(
             [*cluster.exec_prefix(0), *probe, "send", cluster.addresses[1], str(PROBE_PORT),
-             str(total), str(timeout)],
-            check=True, capture_output=True, text=True, timeout=timeout + 5,
+             str(total), str(send_timeout)],
+            capture_output=True, text=True, timeout=recv_timeout,
         )
-        out, err = receiver.communicate(timeout=timeout + 5)
+        if sender.returncode != 0:
+            raise EmulationError(f"TCP probe sender failed: {sender.stderr[-2000:]}")
+        out, err = receiver.communicate(timeout=recv_timeout + 5)
     finally:
         if receiver.poll() is None:
             receiver.kill()
@@ -94,15 +101,19 @@ def _size_list(text: str) -> tuple[int, ...]:
 
 
 def run_checks(spec: EmulationSpec, p2p_rates: list[str], sizes: tuple[int, ...],
-               iters: int, seconds: float) -> dict:
+               iters: int, seconds: float, slots_per_host: int = 1) -> dict:
     """All checks; returns the figures with the date and machine they were taken on."""
     report: dict = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()} {local_core_count()} cores, "
                    f"kernel {platform.release()}",
-        "spec": f"{spec.hosts}x{spec.rate_text}", "p2p": [], "allreduce": [],
+        "spec": f"{spec.hosts}x{spec.rate_text}", "slots_per_host": slots_per_host,
+        "load_average_1min_before": round(os.getloadavg()[0], 2),
+        "allreduce_algorithm": os.environ.get("OMPI_MCA_coll_tuned_allreduce_algorithm",
+                                              "Open MPI default"),
+        "p2p": [], "allreduce": [],
     }
-    with emulated_cluster(spec) as cluster:
+    with emulated_cluster(spec, slots_per_host) as cluster:
         if spec.hosts >= 2:
             report["p2p"].append(measure_p2p(cluster, seconds))
         report["allreduce"] = measure_allreduce(cluster, sizes, iters)
@@ -114,7 +125,10 @@ def run_checks(spec: EmulationSpec, p2p_rates: list[str], sizes: tuple[int, ...]
 
 def format_report(report: dict) -> str:
     """Markdown tables of a ``run_checks`` report."""
-    lines = [f"Emulator check, {report['spec']}, {report['date']}, {report['machine']}", "",
+    lines = [f"Emulator check, {report['spec']} ({report['slots_per_host']} slot(s) per host), "
+             f"{report['date']}, {report['machine']}, load average "
+             f"{report['load_average_1min_before']}, allreduce algorithm: "
+             f"{report['allreduce_algorithm']}", "",
              "| p2p rate | measured Gb/s | fraction of rate |", "|---|---|---|"]
     for row in report["p2p"]:
         lines.append(f"| {row['rate_text']} | {row['bits_per_s'] / 1e9:.3f} | "
@@ -136,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec", help="HOSTSxRATE, e.g. 4x1gbit")
     parser.add_argument("--p2p-rates", default="", help="extra rates for p2p, e.g. 2gbit,5gbit")
     parser.add_argument("--sizes", default="1m,4m,16m,64m", help="allreduce sizes (k/m/g)")
+    parser.add_argument("--slots-per-host", type=int, default=1)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each p2p run")
     parser.add_argument("--json", help="also write the raw results to this file")
@@ -145,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         rates = [r.strip() for r in args.p2p_rates.split(",") if r.strip()]
         for rate in rates:
             parse_spec(f"2x{rate}")
-        report = run_checks(spec, rates, _size_list(args.sizes), args.iters, args.seconds)
+        report = run_checks(spec, rates, _size_list(args.sizes), args.iters, args.seconds,
+                            args.slots_per_host)
     except (ValueError, EmulationError) as exc:
         print(f"emulate_check: {exc}", file=sys.stderr)
         return 1
