@@ -356,3 +356,55 @@ def test_a_second_emulation_is_refused_while_one_runs():
         with pytest.raises(EmulationError, match="another emulated cluster is running"):
             with emulated_cluster(parse_spec("2x100mbit"), wait_s=0):
                 pass
+
+
+# --------------------------------------------------------------------------- check helpers
+
+
+def test_tcp_probe_only_uses_emulated_addresses():
+    from dlcomm.launcher import emulate_tcp_probe
+
+    with pytest.raises(ValueError, match="outside 198.18.0.0/15"):
+        emulate_tcp_probe.send("127.0.0.1", 45123, 10, 1.0)
+    with pytest.raises(ValueError, match="outside 198.18.0.0/15"):
+        emulate_tcp_probe.receive("0.0.0.0", 45123, 10, 1.0)
+    assert emulate_tcp_probe.main(["bogus"]) == 2
+
+
+def test_check_size_list_and_report_format():
+    from dlcomm.launcher.emulate_check import _size_list, format_report
+
+    assert _size_list("1m, 4k,4096,1g") == (1 << 20, 4 << 10, 4096, 1 << 30)
+    for bad in ("", "1x", "m", "2"):
+        with pytest.raises(ValueError, match="1m,4m"):
+            _size_list(bad)
+    report = {
+        "spec": "4x1gbit", "slots_per_host": 1, "date": "d", "machine": "m",
+        "load_average_1min_before": 0.5, "allreduce_algorithm": "Open MPI default",
+        "p2p": [{"rate_text": "1gbit", "bits_per_s": 0.95e9, "fraction_of_rate": 0.95}],
+        "allreduce": [{"bytes": 1 << 20, "ranks": 4, "seconds": 0.02,
+                       "algbw_bytes_per_s": 5e7, "busbw_bytes_per_s": 7.5e7,
+                       "fraction_of_rate": 0.6, "correct": True}],
+    }
+    text = format_report(report)
+    assert "| 1gbit | 0.950 | 0.95 |" in text
+    assert "| 1048576 | 4 | 20.0 | 50.0 | 75.0 | 0.60 | True |" in text
+
+
+@needs_netns
+@pytest.mark.timeout(120)
+def test_emulate_check_runs_end_to_end(tmp_path, capsys):
+    if not mpirun_available():
+        pytest.skip("mpirun not found")
+    from dlcomm.launcher import emulate_check
+
+    out = tmp_path / "check.json"
+    code = emulate_check.main(["2x100mbit", "--sizes", "4k,64k", "--iters", "1",
+                               "--seconds", "0.3", "--wait-s", str(LOCK_WAIT_S),
+                               "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert [row["bytes"] for row in report["allreduce"]] == [4096, 65536]
+    assert all(row["correct"] and row["ranks"] == 2 for row in report["allreduce"])
+    assert report["p2p"][0]["bytes"] > 0
+    assert _dlc_namespaces() == []

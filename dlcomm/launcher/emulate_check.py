@@ -91,17 +91,22 @@ def measure_allreduce(
 
 
 def _size_list(text: str) -> tuple[int, ...]:
+    """Parse ``"1m,4m,64k,4096"`` (k/m/g are binary units) into byte counts."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     sizes = []
     for token in text.split(","):
         token = token.strip().lower()
         scale = units.get(token[-1:], 1)
-        sizes.append(int(token[:-1] if scale > 1 else token) * scale)
+        digits = token[:-1] if scale > 1 else token
+        if not digits.isdigit() or int(digits) * scale < 4:
+            raise ValueError(f"bad size {token!r} in {text!r}: write e.g. '1m,4m,16m,64m'")
+        sizes.append(int(digits) * scale)
     return tuple(sizes)
 
 
 def run_checks(spec: EmulationSpec, p2p_rates: list[str], sizes: tuple[int, ...],
-               iters: int, seconds: float, slots_per_host: int = 1) -> dict:
+               iters: int, seconds: float, slots_per_host: int = 1,
+               wait_s: float = 0.0) -> dict:
     """All checks; returns the figures with the date and machine they were taken on."""
     report: dict = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -113,12 +118,12 @@ def run_checks(spec: EmulationSpec, p2p_rates: list[str], sizes: tuple[int, ...]
                                               "Open MPI default"),
         "p2p": [], "allreduce": [],
     }
-    with emulated_cluster(spec, slots_per_host) as cluster:
+    with emulated_cluster(spec, slots_per_host, wait_s=wait_s) as cluster:
         if spec.hosts >= 2:
             report["p2p"].append(measure_p2p(cluster, seconds))
         report["allreduce"] = measure_allreduce(cluster, sizes, iters)
     for rate in p2p_rates:
-        with emulated_cluster(parse_spec(f"2x{rate}")) as cluster:
+        with emulated_cluster(parse_spec(f"2x{rate}"), wait_s=wait_s) as cluster:
             report["p2p"].append(measure_p2p(cluster, seconds))
     return report
 
@@ -153,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots-per-host", type=int, default=1)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each p2p run")
+    parser.add_argument("--wait-s", type=float, default=0.0,
+                        help="wait this long for another emulated cluster to finish")
     parser.add_argument("--json", help="also write the raw results to this file")
     args = parser.parse_args(argv)
     try:
@@ -161,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         for rate in rates:
             parse_spec(f"2x{rate}")
         report = run_checks(spec, rates, _size_list(args.sizes), args.iters, args.seconds,
-                            args.slots_per_host)
+                            args.slots_per_host, args.wait_s)
     except (ValueError, EmulationError) as exc:
         print(f"emulate_check: {exc}", file=sys.stderr)
         return 1
