@@ -1,0 +1,154 @@
+"""``dlcomm bench allreduce|allgather|reducescatter|broadcast|alltoall``: bandwidth per size.
+
+Run on every rank (``dlcommrun -np 4 dlcomm bench allreduce -b 4K -e 64M -f 4``). For each
+size, dlcomm's collective and the raw mpi4py call on the same buffers are timed in turn
+(interleaved iterations, each between barriers, slowest rank per iteration, median over
+iterations), their results are checked against a numpy reference, and rank 0 prints one
+row as nccl-tests does: size, time, algbw, busbw, check, for both peers, and the ratio.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+
+from dlcomm.bench.peers import check_op_dtype, make_case, results_match
+from dlcomm.bench.timing import check_counts, summarize_times, time_interleaved
+from dlcomm.bench.units import algbw, busbw
+
+DLCOMM = "dlcomm"
+RAW = "mpi4py"
+
+
+@dataclass
+class CollectiveOptions:
+    """What to measure: one collective over a list of sizes."""
+
+    collective: str
+    sizes: list[int]
+    warmup: int = 3
+    iters: int = 20
+    dtype: str = "float32"
+    op: str = "sum"
+    root: int = 0
+    argv: list[str] = field(default_factory=list)  # the command line, recorded in results
+
+    def validate(self) -> None:
+        """Raise ValueError/TypeError for anything that cannot be measured."""
+        check_op_dtype(self.collective, self.op, self.dtype)
+        check_counts(self.warmup, self.iters)
+        if not self.sizes:
+            raise ValueError("no sizes to measure")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in self.sizes):
+            raise ValueError(f"sizes must be positive ints, got {self.sizes}")
+
+
+def _peer_figures(collective: str, nbytes: int, ranks: int, times: np.ndarray,
+                  ok: bool) -> dict[str, Any]:
+    stats = summarize_times(times)
+    median = stats["median_s"]
+    return {**stats, "algbw_GBps": algbw(nbytes, median),
+            "busbw_GBps": busbw(collective, nbytes, median, ranks),
+            "check": "OK" if ok else "FAIL"}
+
+
+def measure_size(opts: CollectiveOptions, nbytes: int, comm: Any) -> dict[str, Any]:
+    """One row: both peers timed and checked at ``nbytes``; identical on every rank."""
+    from mpi4py import MPI
+
+    case = make_case(opts.collective, nbytes, opts.dtype, opts.op, comm, root=opts.root)
+    ops = [case.run_dlcomm] + ([case.run_raw] if case.run_raw is not None else [])
+    times = time_interleaved(ops, comm, opts.warmup, opts.iters)
+    oks = []
+    for op in ops:  # a fresh, untimed call per peer, into cleared outputs
+        case.reset()
+        oks.append(results_match(op(), case.expected))
+    all_ok = np.array(oks, dtype=np.int32)
+    comm.Allreduce(MPI.IN_PLACE, all_ok, op=MPI.MIN)  # one FAIL anywhere fails the row
+    n = comm.Get_size()
+    row: dict[str, Any] = {
+        "bytes": case.nbytes, "count": case.count, "dtype": case.dtype.name,
+        DLCOMM: _peer_figures(opts.collective, case.nbytes, n, times[0], bool(all_ok[0])),
+    }
+    if case.run_raw is not None:
+        row[RAW] = _peer_figures(opts.collective, case.nbytes, n, times[1], bool(all_ok[1]))
+        row["ratio"] = row[DLCOMM]["median_s"] / row[RAW]["median_s"]
+    else:
+        row[RAW] = {"unavailable": case.raw_unavailable}
+        row["ratio"] = None
+    return row
+
+
+def run_collective_benchmark(opts: CollectiveOptions, out: TextIO | None = None
+                             ) -> dict[str, Any]:
+    """Measure every size; rank 0 streams table rows to ``out``. Returns the result dict.
+
+    Initialises dlcomm if needed (and shuts it down again if it did). The raw peer runs on
+    a duplicate of MPI's world, so its messages never mix with dlcomm's.
+    """
+    from mpi4py import MPI
+
+    import dlcomm
+    from dlcomm.bench.machine import describe_machine, load_average
+    from dlcomm.bench.table import format_header, format_row
+
+    opts.validate()
+    started_here = not dlcomm.is_initialized()
+    dlcomm.init()
+    comm = MPI.COMM_WORLD.Dup()
+    rank, n = comm.Get_rank(), comm.Get_size()
+    if not 0 <= opts.root < n:
+        raise ValueError(f"--root must be a rank in [0, {n}), got {opts.root}")
+    printing = rank == 0 and out is not None
+    result: dict[str, Any] = {
+        "benchmark": opts.collective, "ranks": n, "dtype": np.dtype(opts.dtype).name,
+        "op": opts.op, "root": opts.root, "warmup": opts.warmup, "iters": opts.iters,
+        "timing": "median over iterations of the slowest rank's time; each iteration starts "
+                  "after a barrier; dlcomm and mpi4py iterations interleaved",
+        "command": opts.argv, "emulate": os.environ.get("DLCOMM_EMULATE", ""),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": describe_machine() if rank == 0 else None,
+        "rows": [],
+    }
+    try:
+        if printing:
+            print(format_header(result), file=out, flush=True)
+        for nbytes in opts.sizes:
+            row = measure_size(opts, nbytes, comm)
+            result["rows"].append(row)
+            if printing:
+                print(format_row(row), file=out, flush=True)
+    finally:
+        comm.Free()
+        if started_here:
+            dlcomm.shutdown()
+    result["load_average_end"] = load_average()
+    result["all_ok"] = all(
+        row[p].get("check", "OK") == "OK" for row in result["rows"] for p in (DLCOMM, RAW)
+    )
+    if printing:
+        print(f"# {'all results correct' if result['all_ok'] else 'SOME RESULTS WRONG (FAIL)'};"
+              f" load average at end {result['load_average_end']}", file=out, flush=True)
+    return result
+
+
+def main_collective(opts: CollectiveOptions, json_path: str | None = None,
+                    plot_path: str | None = None) -> int:
+    """Run the benchmark on this rank; rank 0 writes JSON and the plot. Exit code 1 on FAIL."""
+    result = run_collective_benchmark(opts, sys.stdout)
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        if json_path:
+            from dlcomm.bench.table import write_json
+
+            write_json(result, json_path)
+        if plot_path:
+            from dlcomm.bench.plot import plot_busbw
+
+            plot_busbw([result], plot_path)
+    return 0 if result["all_ok"] else 1
