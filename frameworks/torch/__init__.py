@@ -1,0 +1,72 @@
+"""``dlcomm.torch``: a drop-in for ``horovod.torch`` (``import dlcomm.torch as hvd``)."""
+from dlcomm.basics import (
+    add_process_set,
+    bytes_sent,
+    cross_rank,
+    cross_size,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    shutdown,
+    size,
+)
+from dlcomm.errors import DLCommError, MismatchError, ShutdownError, StallError
+from dlcomm.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.torch.compression import Compression, Compressor
+from dlcomm.torch.functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
+from dlcomm.torch.mpi_ops import (
+    Handle,
+    allgather,
+    allgather_async,
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    alltoall,
+    alltoall_async,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    join,
+    poll,
+    reducescatter,
+    reducescatter_async,
+    synchronize,
+)
+from dlcomm.torch.optimizer import DistributedOptimizer
+from dlcomm.torch.sync_batch_norm import SyncBatchNorm
+
+__all__ = [
+    "Adasum", "Average", "Compression", "Compressor", "DLCommError", "DistributedOptimizer",
+    "Handle", "Max", "Min", "MismatchError", "ProcessSet", "Product", "ReduceOp",
+    "ShutdownError", "StallError", "Sum", "SyncBatchNorm", "add_process_set", "allgather",
+    "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
+    "broadcast_parameters", "bytes_sent", "cross_rank", "cross_size", "global_process_set",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "init", "is_homogeneous", "is_initialized", "join",
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async",
+    "remove_process_set", "shutdown", "size", "synchronize",
+]

@@ -1,0 +1,61 @@
+"""Broadcasting model and optimizer state, and Python objects, from one rank to all."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from dlcomm import functions as core_functions
+from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.torch import mpi_ops
+
+
+def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[Any], root_rank: int = 0,
+                         process_set: ProcessSet = global_process_set) -> None:
+    """Overwrite parameters (a ``state_dict()`` or ``named_parameters()``) with root's, in place."""
+    if isinstance(params, Mapping):
+        items = sorted(params.items())
+    else:
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    handles = []
+    for i, (name, tensor) in enumerate(items):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"parameter {name or i} is a {type(tensor).__name__}, not a tensor")
+        handles.append(mpi_ops.broadcast_async_(
+            tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor, root_rank,
+            name=f"broadcast.param.{name if name is not None else i}", process_set=process_set))
+    for h in handles:
+        h.wait()
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              process_set: ProcessSet = global_process_set) -> None:
+    """Give every rank root's optimizer state (moments, step counts, hyper-parameters)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    mine = optimizer.state_dict()
+    is_root = process_set.rank() == root_rank
+    state = core_functions.broadcast_object(mine if is_root else None, root_rank,
+                                            name="broadcast.optimizer_state",
+                                            process_set=process_set)
+    if not is_root:
+        groups_root = [len(g["params"]) for g in state["param_groups"]]
+        groups_mine = [len(g["params"]) for g in mine["param_groups"]]
+        if groups_root != groups_mine:
+            raise ValueError(f"optimizer parameter groups differ from rank {root_rank}'s: "
+                             f"{groups_mine} parameters per group here, {groups_root} there")
+        optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Return root's (picklable) object on every rank."""
+    return core_functions.broadcast_object(obj, root_rank, name, process_set)
+
+
+def allgather_object(obj: Any, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Return every rank's object, in rank order."""
+    return core_functions.allgather_object(obj, name, process_set)
