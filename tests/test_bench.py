@@ -1,0 +1,356 @@
+"""Tests of the benchmark suite: parsing, bandwidth arithmetic, formatting, and tiny real runs.
+
+No timing is asserted anywhere: only that the figures are computed as defined, that the
+correctness column compares against a numpy reference (and can say FAIL), and that the
+outputs (tables, JSON, report) are produced.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi_run import run_mpi
+
+from dlcomm.bench import peers, report, table, units
+from dlcomm.bench.fusion import FusionOptions, format_fusion, markdown_fusion
+from dlcomm.bench.machine import cpu_model, format_machine, memory_gib
+from dlcomm.cli import main as cli
+
+
+# --- sizes -------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,expected", [
+    ("8", 8), ("1K", 1024), ("1k", 1024), ("4M", 4 << 20), ("64M", 64 << 20),
+    ("2G", 2 << 30), ("4MiB", 4 << 20), ("512KB", 512 << 10), (" 16 ", 16), (32, 32),
+])
+def test_parse_size_accepts_counts_and_suffixes(text: str, expected: int) -> None:
+    assert units.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "4X", "-1", "0", "1.5K", "K", "4 M B x"])
+def test_parse_size_rejects_bad_text(text: str) -> None:
+    with pytest.raises(ValueError, match="size"):
+        units.parse_size(text)
+
+
+@pytest.mark.parametrize("value", [None, 1.5, True, [4]])
+def test_parse_size_rejects_wrong_types(value: object) -> None:
+    with pytest.raises(TypeError):
+        units.parse_size(value)  # type: ignore[arg-type]
+
+
+def test_parse_size_list() -> None:
+    assert units.parse_size_list("4K,64M") == [4096, 64 << 20]
+    with pytest.raises(ValueError, match="empty"):
+        units.parse_size_list(",")
+    with pytest.raises(ValueError):
+        units.parse_size_list("4K,huge")
+
+
+def test_size_range_multiplies_up_to_the_end() -> None:
+    assert units.size_range(4096, 64 << 20, 4) == [4096 << (2 * i) for i in range(8)]
+    assert units.size_range(8, 100, 2) == [8, 16, 32, 64]  # 128 > 100 is left out
+    assert units.size_range(1024, 1024, 1) == [1024]
+
+
+@pytest.mark.parametrize("begin,end,factor,message", [
+    (0, 8, 2, "smallest"), (64, 8, 2, "smaller than"), (8, 64, 1, "factor"),
+])
+def test_size_range_rejects_bad_ranges(begin: int, end: int, factor: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        units.size_range(begin, end, factor)
+
+
+def test_format_size() -> None:
+    assert [units.format_size(n) for n in (8, 4096, 3 << 19, 64 << 20, 1 << 30)] == [
+        "8B", "4KiB", "1.5MiB", "64MiB", "1GiB"]
+    with pytest.raises(ValueError):
+        units.format_size(-1)
+
+
+# --- bandwidth arithmetic ------------------------------------------------------------------
+def test_bus_factors_are_nccl_tests_definitions() -> None:
+    assert units.bus_factor("allreduce", 4) == pytest.approx(1.5)
+    assert units.bus_factor("allreduce", 2) == pytest.approx(1.0)
+    for c in ("allgather", "reducescatter", "alltoall"):
+        assert units.bus_factor(c, 4) == pytest.approx(0.75)
+    assert units.bus_factor("broadcast", 8) == 1.0
+    assert units.bus_factor("allreduce", 1) == 0.0
+    with pytest.raises(ValueError, match="unknown collective"):
+        units.bus_factor("gossip", 4)
+    with pytest.raises(ValueError, match="ranks"):
+        units.bus_factor("allreduce", 0)
+
+
+def test_algbw_and_busbw() -> None:
+    assert units.algbw(10**9, 1.0) == pytest.approx(1.0)
+    assert units.algbw(64 << 20, 0.5) == pytest.approx((64 << 20) / 0.5 / 1e9)
+    assert units.busbw("allreduce", 10**9, 2.0, 4) == pytest.approx(0.5 * 1.5)
+    assert units.busbw("allgather", 10**9, 1.0, 8) == pytest.approx(7 / 8)
+    with pytest.raises(ValueError, match="positive"):
+        units.algbw(100, 0.0)
+
+
+# --- references and cases ------------------------------------------------------------------
+def test_reduce_reference_equals_an_explicit_reduction() -> None:
+    inputs = [peers.rank_input(10, np.dtype("float32"), r) for r in range(4)]
+    np.testing.assert_array_equal(peers.reduce_reference(10, np.dtype("float32"), "sum", 4),
+                                  np.sum(inputs, axis=0))
+    np.testing.assert_array_equal(peers.reduce_reference(10, np.dtype("int32"), "max", 4),
+                                  np.max(inputs, axis=0).astype(np.int32))
+    np.testing.assert_array_equal(peers.reduce_reference(10, np.dtype("float64"), "product", 4),
+                                  np.prod(inputs, axis=0))
+    np.testing.assert_allclose(peers.reduce_reference(10, np.dtype("float32"), "average", 4),
+                               np.mean(inputs, axis=0))
+
+
+def test_element_count_rounds_to_whole_elements_and_rank_multiples() -> None:
+    assert peers.element_count("allreduce", 4096, 4, 4) == 1024
+    assert peers.element_count("allreduce", 2, 4, 4) == 1  # never zero
+    assert peers.element_count("allgather", 40, 4, 4) == 8  # 10 elements -> 8
+    assert peers.element_count("alltoall", 4, 4, 4) == 4  # at least one per rank
+
+
+def test_results_match_is_exact_for_ints_and_tolerant_for_floats() -> None:
+    a = np.arange(6, dtype=np.int32)
+    assert peers.results_match(a.copy(), a)
+    assert not peers.results_match(a + 1, a)
+    assert not peers.results_match(a.astype(np.int64), a)  # dtype matters
+    assert not peers.results_match(a[:5], a)  # shape matters
+    f = np.linspace(1, 2, 5, dtype=np.float32)
+    assert peers.results_match(f * (1 + 1e-7), f)
+    assert not peers.results_match(f * 1.01, f)
+
+
+@pytest.mark.parametrize("collective,op,dtype,message", [
+    ("gossip", "sum", "float32", "unknown collective"),
+    ("allreduce", "median", "float32", "unknown op"),
+    ("allreduce", "sum", "complex64", "not benchmarked"),
+    ("allreduce", "sum", "no-such-type", "unknown dtype"),
+    ("allreduce", "average", "int32", "float dtype"),
+    ("broadcast", "max", "float32", "allreduce and reducescatter only"),
+])
+def test_check_op_dtype_rejects(collective: str, op: str, dtype: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        peers.check_op_dtype(collective, op, dtype)
+
+
+# --- command line ----------------------------------------------------------------------
+def test_cli_parses_a_collective_benchmark() -> None:
+    args = cli.build_parser().parse_args(
+        ["bench", "allreduce", "-b", "1K", "-e", "4M", "-f", "4", "-w", "1", "-n", "3",
+         "-d", "float64", "--op", "max", "--json", "r.json", "--plot", "r.png"])
+    assert (args.minbytes, args.maxbytes, args.stepfactor) == (1024, 4 << 20, 4)
+    assert (args.warmup, args.iters, args.dtype, args.op) == (1, 3, "float64", "max")
+    assert (args.collective, args.json, args.plot) == ("allreduce", "r.json", "r.png")
+    args = cli.build_parser().parse_args(["bench", "alltoall", "--sizes", "8,64M"])
+    assert args.sizes == [8, 64 << 20] and args.collective == "alltoall"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench", "allreduce", "-b", "4X"], "suffix K, M or G"),
+    (["bench", "allreduce", "-n", "0"], "must be >= 1"),
+    (["bench", "allreduce", "-w", "many"], "whole number"),
+    (["bench", "allreduce", "-d", "complex64"], "invalid choice"),
+    (["bench", "fusion", "--tensor-bytes", "lots"], "suffix"),
+])
+def test_cli_rejects_bad_arguments(argv: list[str], message: str,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_reports_an_inverted_range_before_starting_mpi(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "allreduce", "-b", "64M", "-e", "4K"]) == 1
+    assert "smaller than" in capsys.readouterr().err
+
+
+def test_train_is_a_placeholder_until_its_module_exists(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("dlcomm.bench.train") is not None:
+        pytest.skip("dlcomm.bench.train exists: the placeholder is gone")
+    assert cli.main(["bench", "train", "--anything"]) == 2
+    assert "not yet available" in capsys.readouterr().err
+
+
+# --- formatting --------------------------------------------------------------------------
+def _peer(median: float, nbytes: int, check: str = "OK") -> dict:
+    return {"median_s": median, "min_s": median, "max_s": median, "iters": 3,
+            "algbw_GBps": units.algbw(nbytes, median),
+            "busbw_GBps": units.busbw("allreduce", nbytes, median, 4), "check": check}
+
+
+def _result() -> dict:
+    rows = [
+        {"bytes": 4096, "count": 1024, "dtype": "float32", "dlcomm": _peer(3e-4, 4096),
+         "mpi4py": _peer(1e-4, 4096), "ratio": 3.0},
+        {"bytes": 64 << 20, "count": 16 << 20, "dtype": "float32",
+         "dlcomm": _peer(0.105, 64 << 20, "FAIL"), "mpi4py": _peer(0.1, 64 << 20),
+         "ratio": 1.05},
+        {"bytes": 8, "count": 4, "dtype": "float16", "dlcomm": _peer(2e-5, 8),
+         "mpi4py": {"unavailable": "the MPI library has no float16 type"}, "ratio": None},
+    ]
+    return {"benchmark": "allreduce", "ranks": 4, "dtype": "float32", "op": "sum", "root": 0,
+            "warmup": 1, "iters": 3, "timing": "median", "emulate": "4x1gbit", "rows": rows}
+
+
+def test_text_table_shows_each_row_with_ratio_and_check() -> None:
+    text = table.format_table(_result())
+    lines = text.splitlines()
+    assert "allreduce: 4 ranks, float32, op sum, emulated cluster 4x1gbit" in lines[0]
+    assert len(lines) == 4 + 3
+    assert "4KiB" in lines[4] and "300.0" in lines[4] and "100.0" in lines[4]
+    assert lines[4].rstrip().endswith("3.00x")
+    assert "FAIL" in lines[5] and lines[5].rstrip().endswith("1.05x")
+    assert lines[6].count("n/a") == 5  # four raw cells and the ratio
+    busbw = units.busbw("allreduce", 64 << 20, 0.105, 4)
+    assert f"{busbw:.3f}" in lines[5]
+
+
+def test_markdown_table() -> None:
+    md = table.markdown_table(_result()).splitlines()
+    assert md[0].startswith("| size |") and len(md) == 2 + 3
+    assert md[2] == "| 4KiB | 300.0 | 0.020 | 100.0 | 0.061 | 3.00x | OK / OK |"
+    assert md[3].endswith("| 1.05x | FAIL / OK |")
+    assert "| n/a | n/a | n/a | OK |" in md[4]
+    with pytest.raises(TypeError):
+        table.markdown_table({"rows": []})
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    path = table.write_json(_result(), tmp_path / "sub" / "r.json")
+    assert table.read_json(path) == json.loads(json.dumps(_result()))
+    (tmp_path / "list.json").write_text("[1]")
+    with pytest.raises(ValueError, match="JSON object"):
+        table.read_json(tmp_path / "list.json")
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    from dlcomm.bench.plot import plot_busbw
+
+    out = plot_busbw([_result(), {**_result(), "emulate": ""}], tmp_path / "p.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(TypeError):
+        plot_busbw(_result(), tmp_path / "q.png")  # type: ignore[arg-type]
+
+
+def test_fusion_formatting_and_options() -> None:
+    fig = {"median_s": 0.04, "min_s": 0.03, "max_s": 0.05, "iters": 3, "check": "OK",
+           "vs_concatenated": 1.1}
+    result = {"benchmark": "fusion", "ranks": 4, "tensors": 200, "tensor_bytes": 40000,
+              "dtype": "float32", "warmup": 1, "iters": 3, "timing": "median",
+              "peers": {"dlcomm async": fig, "mpi4py concatenated": fig}}
+    assert "dlcomm async" in format_fusion(result) and "1.10x" in format_fusion(result)
+    assert "| dlcomm async | 40.00 | 30.00 | 50.00 | 1.10x | OK |" in markdown_fusion(result)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        FusionOptions(dtype="int32").validate()
+    with pytest.raises(ValueError, match="tensors"):
+        FusionOptions(tensors=0).validate()
+
+
+def test_machine_description_parsing() -> None:
+    assert cpu_model("processor: 0\nmodel name\t: Test CPU @ 2GHz\n") == "Test CPU @ 2GHz"
+    assert memory_gib("MemTotal:       24576000 kB\n") == pytest.approx(23.4, abs=0.1)
+    assert memory_gib("nothing") is None
+    line = format_machine({"cores": 2, "cpu_model": "X", "memory_gib": 24.0, "kernel": "6",
+                           "mpi": "Open MPI 4.1.4", "mpi4py": "4.1.2", "numpy": "2",
+                           "python": "3.11"})
+    assert line.startswith("2 cores (X), 24.0 GiB memory") and "Open MPI 4.1.4" in line
+
+
+# --- report plumbing -----------------------------------------------------------------------
+def test_report_shows_commands_as_a_user_types_them(tmp_path: Path) -> None:
+    ctx = report.ReportContext(np=4, output=tmp_path / "b.md", assets=tmp_path / "b",
+                               workdir=tmp_path, python="/opt/py/bin/python3")
+    argv = report.bench_argv(ctx, ["allreduce", "-n", "5"], tmp_path / "x.json")
+    assert argv[:5] == ["/opt/py/bin/python3", "-m", "dlcomm.launcher.dlcommrun", "-np", "4"]
+    job = report.Job(argv, 0, "", None, 1.0, None, None)
+    assert job.command_text(ctx.python) == (
+        "dlcommrun -np 4 dlcomm bench allreduce -n 5 --json x.json")
+    emulated = report.bench_argv(ctx, ["fusion"], tmp_path / "f.json", emulate="4x1gbit")
+    assert "--emulate" in emulated and "-np" not in emulated
+    with pytest.raises(TypeError):
+        report.bench_argv(ctx, "allreduce", tmp_path / "x.json")  # type: ignore[arg-type]
+
+
+def test_report_renders_sections_summary_and_failures() -> None:
+    sections = [report.Section("A", "body a", headlines=["figure one"]),
+                report.Section("B", "body b", ok=False)]
+    machine = {"cores": 2, "cpu_model": "X", "memory_gib": 1.0, "kernel": "6", "mpi": "M",
+               "mpi4py": "4", "numpy": "2", "python": "3", "load_average": (1.0, 2.0, 3.0)}
+    text = report.render(sections, machine, "2026-01-01", 90.0, "dlcomm bench report",
+                         (4.0, 5.0, 6.0))
+    assert text.startswith("# Benchmarks")
+    assert "1.00 / 2.00 / 3.00 at the start, 4.00 / 5.00 / 6.00 at the end" in text
+    assert "- figure one" in text and "- FAILED: B" in text
+    assert text.index("## A") < text.index("## B")
+
+
+def test_report_rejects_unknown_sections_and_lists_them(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown section"):
+        report.main_report(tmp_path / "b.md", only="nope")
+    assert report.main_report(tmp_path / "b.md", list_only=True) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in report.SECTIONS)
+    assert not (tmp_path / "b.md").exists()
+
+
+def test_report_train_section_is_a_placeholder(tmp_path: Path) -> None:
+    assert report.main_report(tmp_path / "b.md", only="train") == 0
+    text = (tmp_path / "b.md").read_text()
+    assert "## Training throughput" in text and "Not measured yet" in text
+
+
+# --- tiny real runs --------------------------------------------------------------------------
+_REAL_RUN = """
+import json, sys
+from dlcomm.cli.main import main
+import dlcomm.bench.peers as peers
+
+out = sys.argv[1]
+codes = {}
+for c in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall"):
+    codes[c] = main(["bench", c, "--sizes", "4K,64K", "-w", "0", "-n", "1",
+                     "--json", f"{out}/{c}.json"])
+codes["average"] = main(["bench", "allreduce", "--sizes", "1K", "-w", "0", "-n", "1",
+                         "--op", "average", "-d", "float64", "--json", f"{out}/avg.json"])
+codes["fusion"] = main(["bench", "fusion", "--tensors", "5", "--tensor-bytes", "4K",
+                        "-w", "0", "-n", "1", "--json", f"{out}/fusion.json"])
+# A wrong reference must turn the check column to FAIL and the exit code to 1.
+real = peers.reduce_reference
+peers.reduce_reference = lambda *a: real(*a) + 1
+codes["wrong"] = main(["bench", "allreduce", "--sizes", "4K", "-w", "0", "-n", "1",
+                       "--json", f"{out}/wrong.json"])
+print("CODES " + json.dumps(codes), flush=True)
+"""
+
+
+def test_tiny_real_run_checks_results_and_writes_json(tmp_path: Path) -> None:
+    proc = run_mpi(2, _REAL_RUN, tmp_path, timeout=180, args=[str(tmp_path)])
+    codes_line = [ln for ln in proc.stdout.splitlines() if ln.startswith("CODES ")]
+    assert len(codes_line) == 2  # both ranks got the same exit codes
+    for line in codes_line:
+        codes = json.loads(line[6:])
+        assert codes == {"allreduce": 0, "allgather": 0, "reducescatter": 0, "broadcast": 0,
+                         "alltoall": 0, "average": 0, "fusion": 0, "wrong": 1}
+    for name in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall", "avg"):
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        assert result["ranks"] == 2 and result["all_ok"] is True
+        for row in result["rows"]:
+            assert row["dlcomm"]["check"] == "OK" and row["mpi4py"]["check"] == "OK"
+            assert row["dlcomm"]["busbw_GBps"] == pytest.approx(units.busbw(
+                result["benchmark"], row["bytes"], row["dlcomm"]["median_s"], 2))
+    assert [r["bytes"] for r in json.loads((tmp_path / "allreduce.json").read_text())["rows"]] \
+        == [4096, 65536]
+    fusion = json.loads((tmp_path / "fusion.json").read_text())
+    assert fusion["all_ok"] and all(p["check"] == "OK" for p in fusion["peers"].values())
+    wrong = json.loads((tmp_path / "wrong.json").read_text())
+    assert wrong["all_ok"] is False and wrong["rows"][0]["dlcomm"]["check"] == "FAIL"
+    assert "FAIL" in proc.stdout and "  OK" in proc.stdout
