@@ -6,53 +6,50 @@ all-reduce among host leaders, broadcast inside each host). Every all-reduce has
 signature ``algorithm(comm, sendbuf, recvbuf, op) -> recvbuf`` on contiguous 1-D numpy
 arrays, and ``DLCOMM_ALLREDUCE_ALGORITHM`` picks one by name (``native`` = MPI's own).
 See docs/collectives.md.
-"""
-from dlcomm.collectives.halving_doubling import rhd_allreduce
-from dlcomm.collectives.hierarchical import (
-    HierarchicalAllreduce,
-    cached_hierarchical_allreduce,
-    hierarchical_allreduce,
-)
-from dlcomm.collectives.native import native_allreduce
-from dlcomm.collectives.reduction import (
-    SUPPORTED_OPS,
-    as_collective_op,
-    reduction_ufunc,
-)
-from dlcomm.collectives.registry import (
-    ALLREDUCE_ALGORITHM_ENV,
-    ALLREDUCE_ALGORITHMS,
-    AllreduceAlgorithm,
-    algorithm_from_env,
-    algorithm_name_from_env,
-    get_allreduce_algorithm,
-)
-from dlcomm.collectives.ring import ring_allgather, ring_allreduce, ring_reduce_scatter
-from dlcomm.collectives.tree import (
-    binomial_broadcast,
-    binomial_reduce,
-    tree_allreduce,
-)
 
-__all__ = [
-    "ALLREDUCE_ALGORITHMS",
-    "ALLREDUCE_ALGORITHM_ENV",
-    "SUPPORTED_OPS",
-    "AllreduceAlgorithm",
-    "HierarchicalAllreduce",
-    "algorithm_from_env",
-    "algorithm_name_from_env",
-    "as_collective_op",
-    "binomial_broadcast",
-    "binomial_reduce",
-    "cached_hierarchical_allreduce",
-    "get_allreduce_algorithm",
-    "hierarchical_allreduce",
-    "native_allreduce",
-    "reduction_ufunc",
-    "rhd_allreduce",
-    "ring_allgather",
-    "ring_allreduce",
-    "ring_reduce_scatter",
-    "tree_allreduce",
-]
+Names are imported lazily: importing ``mpi4py.MPI`` initialises MPI, which a launcher
+process (``python -m dlcomm.collectives.bench`` before it starts mpirun, or the pytest
+process) must not do.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "rhd_allreduce": "halving_doubling",
+    "HierarchicalAllreduce": "hierarchical",
+    "cached_hierarchical_allreduce": "hierarchical",
+    "hierarchical_allreduce": "hierarchical",
+    "native_allreduce": "native",
+    "SUPPORTED_OPS": "reduction",
+    "as_collective_op": "reduction",
+    "reduction_ufunc": "reduction",
+    "ALLREDUCE_ALGORITHM_ENV": "registry",
+    "ALLREDUCE_ALGORITHMS": "registry",
+    "AllreduceAlgorithm": "registry",
+    "algorithm_from_env": "registry",
+    "algorithm_name_from_env": "registry",
+    "get_allreduce_algorithm": "registry",
+    "ring_allgather": "ring",
+    "ring_allreduce": "ring",
+    "ring_reduce_scatter": "ring",
+    "binomial_broadcast": "tree",
+    "binomial_reduce": "tree",
+    "tree_allreduce": "tree",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodule that defines ``name`` on first access."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
