@@ -189,12 +189,13 @@ def _peer(median: float, nbytes: int, check: str = "OK") -> dict:
 def _result() -> dict:
     rows = [
         {"bytes": 4096, "count": 1024, "dtype": "float32", "dlcomm": _peer(3e-4, 4096),
-         "mpi4py": _peer(1e-4, 4096), "ratio": 3.0},
+         "mpi4py": _peer(1e-4, 4096), "ratio": 3.0, "ratio_paired": 2.9},
         {"bytes": 64 << 20, "count": 16 << 20, "dtype": "float32",
          "dlcomm": _peer(0.105, 64 << 20, "FAIL"), "mpi4py": _peer(0.1, 64 << 20),
-         "ratio": 1.05},
+         "ratio": 1.05, "ratio_paired": 1.02},
         {"bytes": 8, "count": 4, "dtype": "float16", "dlcomm": _peer(2e-5, 8),
-         "mpi4py": {"unavailable": "the MPI library has no float16 type"}, "ratio": None},
+         "mpi4py": {"unavailable": "the MPI library has no float16 type"}, "ratio": None,
+         "ratio_paired": None},
     ]
     return {"benchmark": "allreduce", "ranks": 4, "dtype": "float32", "op": "sum", "root": 0,
             "warmup": 1, "iters": 3, "timing": "median", "emulate": "4x1gbit", "rows": rows}
@@ -206,9 +207,9 @@ def test_text_table_shows_each_row_with_ratio_and_check() -> None:
     assert "allreduce: 4 ranks, float32, op sum, emulated cluster 4x1gbit" in lines[0]
     assert len(lines) == 4 + 3
     assert "4KiB" in lines[4] and "300.0" in lines[4] and "100.0" in lines[4]
-    assert lines[4].rstrip().endswith("3.00x")
-    assert "FAIL" in lines[5] and lines[5].rstrip().endswith("1.05x")
-    assert lines[6].count("n/a") == 5  # four raw cells and the ratio
+    assert lines[4].rstrip().endswith("3.00x   2.90x")
+    assert "FAIL" in lines[5] and lines[5].rstrip().endswith("1.05x   1.02x")
+    assert lines[6].count("n/a") == 6  # four raw cells and both ratios
     busbw = units.busbw("allreduce", 64 << 20, 0.105, 4)
     assert f"{busbw:.3f}" in lines[5]
 
@@ -216,9 +217,9 @@ def test_text_table_shows_each_row_with_ratio_and_check() -> None:
 def test_markdown_table() -> None:
     md = table.markdown_table(_result()).splitlines()
     assert md[0].startswith("| size |") and len(md) == 2 + 3
-    assert md[2] == "| 4KiB | 300.0 | 0.020 | 100.0 | 0.061 | 3.00x | OK / OK |"
-    assert md[3].endswith("| 1.05x | FAIL / OK |")
-    assert "| n/a | n/a | n/a | OK |" in md[4]
+    assert md[2] == "| 4KiB | 300.0 | 0.020 | 100.0 | 0.061 | 3.00x | 2.90x | OK / OK |"
+    assert md[3].endswith("| 1.05x | 1.02x | FAIL / OK |")
+    assert "| n/a | n/a | n/a | n/a | OK |" in md[4]
     with pytest.raises(TypeError):
         table.markdown_table({"rows": []})
 
@@ -242,12 +243,13 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 
 def test_fusion_formatting_and_options() -> None:
     fig = {"median_s": 0.04, "min_s": 0.03, "max_s": 0.05, "iters": 3, "check": "OK",
-           "vs_concatenated": 1.1}
+           "vs_concatenated": 1.1, "vs_concatenated_paired": 1.05}
     result = {"benchmark": "fusion", "ranks": 4, "tensors": 200, "tensor_bytes": 40000,
               "dtype": "float32", "warmup": 1, "iters": 3, "timing": "median",
               "peers": {"dlcomm async": fig, "mpi4py concatenated": fig}}
     assert "dlcomm async" in format_fusion(result) and "1.10x" in format_fusion(result)
-    assert "| dlcomm async | 40.00 | 30.00 | 50.00 | 1.10x | OK |" in markdown_fusion(result)
+    assert "| dlcomm async | 40.00 | 30.00 | 50.00 | 1.10x | 1.05x | OK |" \
+        in markdown_fusion(result)
     with pytest.raises(ValueError, match="float32 or float64"):
         FusionOptions(dtype="int32").validate()
     with pytest.raises(ValueError, match="tensors"):
@@ -345,6 +347,7 @@ def test_tiny_real_run_checks_results_and_writes_json(tmp_path: Path) -> None:
         assert result["ranks"] == 2 and result["all_ok"] is True
         for row in result["rows"]:
             assert row["dlcomm"]["check"] == "OK" and row["mpi4py"]["check"] == "OK"
+            assert row["ratio"] > 0 and row["ratio_paired"] > 0
             assert row["dlcomm"]["busbw_GBps"] == pytest.approx(units.busbw(
                 result["benchmark"], row["bytes"], row["dlcomm"]["median_s"], 2))
     assert [r["bytes"] for r in json.loads((tmp_path / "allreduce.json").read_text())["rows"]] \

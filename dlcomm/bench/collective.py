@@ -77,9 +77,12 @@ def measure_size(opts: CollectiveOptions, nbytes: int, comm: Any) -> dict[str, A
     if case.run_raw is not None:
         row[RAW] = _peer_figures(opts.collective, case.nbytes, n, times[1], bool(all_ok[1]))
         row["ratio"] = row[DLCOMM]["median_s"] / row[RAW]["median_s"]
+        # Median of per-iteration ratios: both peers ran back to back in each iteration,
+        # so this pairs them under the same momentary load (robust on a shared machine).
+        row["ratio_paired"] = float(np.median(times[0] / times[1]))
     else:
         row[RAW] = {"unavailable": case.raw_unavailable}
-        row["ratio"] = None
+        row["ratio"] = row["ratio_paired"] = None
     return row
 
 

@@ -135,8 +135,11 @@ def run_fusion_benchmark(opts: FusionOptions, out: TextIO | None = None) -> dict
     figures = {name: {**summarize_times(times[k]), "check": "OK" if ok[k] else "FAIL"}
                for k, name in enumerate(peers)}
     base = figures[BASELINE]["median_s"]
-    for fig in figures.values():
+    base_index = list(peers).index(BASELINE)
+    for k, fig in enumerate(figures.values()):
         fig["vs_concatenated"] = fig["median_s"] / base
+        # per-iteration ratio, median: pairs the peers under the same momentary load
+        fig["vs_concatenated_paired"] = float(np.median(times[k] / times[base_index]))
     result = {
         "benchmark": "fusion", "ranks": ranks, "tensors": opts.tensors,
         "tensor_bytes": (opts.tensor_bytes // np.dtype(opts.dtype).itemsize)
@@ -154,6 +157,11 @@ def run_fusion_benchmark(opts: FusionOptions, out: TextIO | None = None) -> dict
     return result
 
 
+def _paired(fig: dict[str, Any]) -> str:
+    value = fig.get("vs_concatenated_paired")
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
 def format_fusion(result: dict[str, Any]) -> str:
     """The fusion result as a text table."""
     if not isinstance(result, dict) or result.get("benchmark") != "fusion":
@@ -163,11 +171,11 @@ def format_fusion(result: dict[str, Any]) -> str:
              f"{result['iters']} timed iterations",
              f"# time: {result['timing']}",
              f"# {'peer':<22} {'median(ms)':>11} {'min(ms)':>9} {'max(ms)':>9} "
-             f"{'vs concatenated':>16} {'check':>6}"]
+             f"{'vs concatenated':>16} {'paired':>7} {'check':>6}"]
     for name, fig in result["peers"].items():
         lines.append(f"  {name:<22} {fig['median_s'] * 1e3:>11.2f} {fig['min_s'] * 1e3:>9.2f} "
                      f"{fig['max_s'] * 1e3:>9.2f} {fig['vs_concatenated']:>15.2f}x "
-                     f"{fig['check']:>6}")
+                     f"{_paired(fig):>7} {fig['check']:>6}")
     return "\n".join(lines) + "\n"
 
 
@@ -176,11 +184,11 @@ def markdown_fusion(result: dict[str, Any]) -> str:
     if not isinstance(result, dict) or result.get("benchmark") != "fusion":
         raise TypeError("expected a fusion benchmark result dict")
     lines = ["| peer | median (ms) | min (ms) | max (ms) | time / one concatenated call "
-             "| check |", "|---|---:|---:|---:|---:|:---:|"]
+             "| paired ratio | check |", "|---|---:|---:|---:|---:|---:|:---:|"]
     for name, fig in result["peers"].items():
         lines.append(f"| {name} | {fig['median_s'] * 1e3:.2f} | {fig['min_s'] * 1e3:.2f} "
                      f"| {fig['max_s'] * 1e3:.2f} | {fig['vs_concatenated']:.2f}x "
-                     f"| {fig['check']} |")
+                     f"| {_paired(fig)} | {fig['check']} |")
     return "\n".join(lines) + "\n"
 
 

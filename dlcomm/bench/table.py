@@ -2,7 +2,9 @@
 
 A collective result is the dict ``run_collective_benchmark`` returns: a header (collective,
 ranks, dtype, op, counts) and ``rows``, one per size, each with a figures dict per peer
-(``dlcomm``, ``mpi4py``) and ``ratio`` (dlcomm's median time over the raw call's).
+(``dlcomm``, ``mpi4py``), ``ratio`` (dlcomm's median time over the raw call's) and
+``ratio_paired`` (the median over iterations of dlcomm's time over the raw call's time in the
+same iteration).
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ def format_header(result: dict[str, Any]) -> str:
         f"{emulate}; {result['warmup']} warm-up + {result['iters']} timed iterations",
         f"# time: {result['timing']}",
         f"# {'':>9} {'':>11}  {peers}",
-        f"# {'size':>9} {'count':>11}  {cols}  {cols}  {'dlcomm/raw':>10}",
+        f"# {'size':>9} {'count':>11}  {cols}  {cols}  {'dlcomm/raw':>10} {'paired':>7}",
     ])
 
 
@@ -66,7 +68,7 @@ def format_row(row: dict[str, Any]) -> str:
         raise TypeError("expected a result row dict (with 'bytes')")
     cells = "  ".join(_peer_cells(row[p]) for p in PEERS)
     return (f"  {format_size(row['bytes']):>9} {row['count']:>11}  {cells}  "
-            f"{format_ratio(row.get('ratio')):>10}")
+            f"{format_ratio(row.get('ratio')):>10} {format_ratio(row.get('ratio_paired')):>7}")
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -80,8 +82,8 @@ def markdown_table(result: dict[str, Any]) -> str:
     _check_result(result)
     lines = [
         "| size | dlcomm time (us) | dlcomm busbw (GB/s) | mpi4py time (us) "
-        "| mpi4py busbw (GB/s) | dlcomm / mpi4py time | check |",
-        "|---:|---:|---:|---:|---:|---:|:---:|",
+        "| mpi4py busbw (GB/s) | dlcomm / mpi4py time | paired ratio | check |",
+        "|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for row in result["rows"]:
         dl, raw = row["dlcomm"], row["mpi4py"]
@@ -90,7 +92,8 @@ def markdown_table(result: dict[str, Any]) -> str:
         check = dl["check"] if "unavailable" in raw else f"{dl['check']} / {raw['check']}"
         lines.append(f"| {format_size(row['bytes'])} | {format_us(dl['median_s'])} "
                      f"| {dl['busbw_GBps']:.3f} | {raw_time} | {raw_bw} "
-                     f"| {format_ratio(row.get('ratio'))} | {check} |")
+                     f"| {format_ratio(row.get('ratio'))} "
+                     f"| {format_ratio(row.get('ratio_paired'))} | {check} |")
     return "\n".join(lines) + "\n"
 
 
