@@ -23,7 +23,7 @@ install-test: install-mpi
 	$(PIP) install -q -e '.[torch,bench,test]'
 
 demo: install
-	dlcommrun -np $(NP) $(PYTHON) examples/torch_mnist.py --epochs 3
+	dlcommrun -np $(NP) $(PYTHON) examples/torch_mnist.py --epochs 5
 
 test: install-test
 	$(PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests $(PYTEST_ARGS)

@@ -34,7 +34,7 @@ setup(
     extras_require={
         # torch 2.13.0 is the CPU build that lies on this machine's disk; a bare "torch"
         # pulls a multi-GB CUDA build from PyPI.
-        "torch": ["torch==2.13.0", "scikit-learn", "tqdm"],
+        "torch": ["torch==2.13.0", "scikit-learn", "tqdm", "mlxtend"],
         "tensorflow": ["tensorflow"],
         "mxnet": ["mxnet==1.9.1"],
         "cupy": ["cupy-cuda12x", "nvidia-nccl-cu12"],

