@@ -92,8 +92,26 @@ KNOBS: tuple[Knob, ...] = (
     Knob("log_level", "warning", str, "Logging level of the 'dlcomm' logger."),
     Knob("compression", "none", str,
          "Compressor used by DistributedOptimizer when no compression= is given, e.g. "
-         "'topk:ratio=0.01'.", where="DistributedOptimizer"),
+         "'topk:ratio=0.01' (see docs/compression.md).", where="DistributedOptimizer"),
+    Knob("min_compress_size", 1024, lambda t: int(t),
+         "Tensors with fewer elements bypass compression (sent dense).",
+         where="get_compressor"),
+    Knob("compress_1d", False, parse_bool,
+         "Compress 1-D tensors (biases, norms) too; by default they go dense.",
+         where="get_compressor"),
+    Knob("allreduce_algorithm", "native", str,
+         "All-reduce algorithm of dlcomm.collectives: native (MPI's own), ring, rhd, tree, "
+         "hierarchical (see docs/collectives.md).", where="get_allreduce_algorithm"),
+    Knob("hierarchical_leader_algorithm", "ring", str,
+         "Algorithm among host leaders inside the hierarchical all-reduce.",
+         where="HierarchicalAllreduce"),
+    Knob("hierarchical_ranks_per_host", 0, lambda t: int(t),
+         "Force groups of this many consecutive ranks as 'hosts' (0: shared-memory split).",
+         where="HierarchicalAllreduce"),
 )
+
+# Knobs read where they are used (compression, collectives), not by init().
+_NOT_INIT = frozenset(k.name for k in KNOBS if k.where != "init")
 
 KNOB_BY_NAME: dict[str, Knob] = {k.name: k for k in KNOBS}
 
@@ -121,8 +139,16 @@ def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Confi
         raise TypeError(
             f"unknown dlcomm setting(s) {sorted(unknown)}; valid: {sorted(KNOB_BY_NAME)}"
         )
+    elsewhere = sorted(k for k in set(overrides) & _NOT_INIT if k != "compression"
+                       and overrides[k] is not None)
+    if elsewhere:
+        knob = KNOB_BY_NAME[elsewhere[0]]
+        raise TypeError(f"{knob.name}= is not an init() setting: set {knob.env} or pass it to "
+                        f"{knob.where}()")
     values: dict[str, Any] = {}
     for knob in KNOBS:
+        if knob.name in _NOT_INIT and knob.name != "compression":
+            continue
         if knob.name in overrides and overrides[knob.name] is not None:
             raw = overrides[knob.name]
             source = f"argument {knob.name}="

@@ -34,6 +34,8 @@ def test_bad_values_name_their_source():
         load_config(env={"DLCOMM_BACKEND": "gloo"})
     with pytest.raises(TypeError, match="unknown dlcomm setting"):
         load_config(env={}, fusion_treshold=1)
+    with pytest.raises(TypeError, match="DLCOMM_ALLREDUCE_ALGORITHM"):
+        load_config(env={}, allreduce_algorithm="ring")
 
 
 def test_every_knob_is_in_the_docs_table():
