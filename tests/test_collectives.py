@@ -27,9 +27,13 @@ p, r = comm.Get_size(), comm.Get_rank()
 rng = np.random.default_rng(1000 + r)
 failures = []
 
-hier2 = HierarchicalAllreduce(comm, ranks_per_host=2)
-hier3 = HierarchicalAllreduce(comm, ranks_per_host=3, leader_algorithm="rhd")
-hier2_tree = HierarchicalAllreduce(comm, ranks_per_host=2, leader_algorithm="tree")
+hier2 = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=2)
+hier3 = HierarchicalAllreduce(
+    comm, hierarchical_ranks_per_host=3, hierarchical_leader_algorithm="rhd"
+)
+hier2_tree = HierarchicalAllreduce(
+    comm, hierarchical_ranks_per_host=2, hierarchical_leader_algorithm="tree"
+)
 assert hier2.host_count == (p + 1) // 2 and hier3.host_count == (p + 2) // 3
 ALGS = {name: get_allreduce_algorithm(name) for name in ("ring", "rhd", "tree", "hierarchical")}
 ALGS["hierarchical/2 ring"] = lambda c, s, o, op: hier2(s, o, op)
@@ -157,14 +161,17 @@ from dlcomm.collectives import (
 
 comm = MPI.COMM_WORLD
 p, r = comm.Get_size(), comm.Get_rank()
-first = cached_hierarchical_allreduce(comm, ranks_per_host=2)
-assert first is cached_hierarchical_allreduce(comm, ranks_per_host=2), "not cached"
-assert first is not cached_hierarchical_allreduce(comm, ranks_per_host=2, leader_algorithm="rhd")
+first = cached_hierarchical_allreduce(comm, hierarchical_ranks_per_host=2)
+assert first is cached_hierarchical_allreduce(comm, hierarchical_ranks_per_host=2), "not cached"
+assert first is not cached_hierarchical_allreduce(
+    comm, hierarchical_ranks_per_host=2, hierarchical_leader_algorithm="rhd"
+)
 assert first.host_count == 2 and first.is_leader == (r % 2 == 0), first
 
-# Without an override every rank here shares memory: one host, one leader.
+# Without an override (None or 0) every rank here shares memory: one host, one leader.
 real = HierarchicalAllreduce(comm)
 assert real.host_count == 1, real
+assert HierarchicalAllreduce(comm, hierarchical_ranks_per_host=0).host_count == 1
 
 # The env settings reach the registry entry (read on the first call per communicator).
 x = np.arange(10, dtype=np.float64) * (r + 1)
@@ -176,7 +183,7 @@ assert used.ranks_per_host == 2 and used.leader_algorithm == "tree", used
 
 # The cache lives on the communicator: a Dup gets its own, freed with the Dup.
 dup = comm.Dup()
-other = cached_hierarchical_allreduce(dup, ranks_per_host=2)
+other = cached_hierarchical_allreduce(dup, hierarchical_ranks_per_host=2)
 assert other is not first
 other(x, out, "max")
 assert np.array_equal(out, np.arange(10) * p), out
@@ -257,9 +264,9 @@ raises(ValueError, ">= 0", ring_reduce_scatter, comm, x, np.zeros(4), [-1] * com
 raises(ValueError, "sum(counts)", ring_allgather, comm, x[:1], np.zeros(5),
        [1] * comm.Get_size())
 raises(ValueError, "outside", binomial_broadcast, comm, x, root=comm.Get_size())
-raises(ValueError, "ranks_per_host", HierarchicalAllreduce, comm, ranks_per_host=0)
+raises(ValueError, "ranks_per_host", HierarchicalAllreduce, comm, hierarchical_ranks_per_host=-1)
 raises(ValueError, "leader_algorithm", HierarchicalAllreduce, comm,
-       leader_algorithm="hierarchical")
+       hierarchical_leader_algorithm="hierarchical")
 
 # Ranks that disagree on the size get a DLCommError, not a silent truncation.
 if comm.Get_size() == 2:

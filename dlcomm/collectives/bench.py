@@ -3,8 +3,9 @@
 ``python -m dlcomm.collectives.bench`` starts itself on ``--np`` ranks (default 4) through
 ``build_mpirun_command`` when it is not already running under MPI, then prints a markdown
 table: per size and algorithm the median time over repeats (each repeat timed as the
-slowest rank's time after a barrier), nccl-tests style algbw and busbw, and the time
-ratio to ``native`` measured in the same run (below 1 means faster than native).
+slowest rank's time after a barrier; algorithms take turns within a repeat), nccl-tests
+style algbw and busbw, and the time ratio to ``native`` measured in the same run (below 1
+means faster than native).
 """
 from __future__ import annotations
 
@@ -97,22 +98,30 @@ def launch(argv: Sequence[str], np: int) -> int:
     return subprocess.call(command, env=env)
 
 
-def time_algorithm(comm, algorithm: Callable, buf, repeats: int, warmup: int) -> float:
-    """Median over repeats of the slowest rank's time for one in-place all-reduce, seconds."""
+def time_algorithms(
+    comm, algorithms: dict[str, Callable], buf, repeats: int, warmup: int
+) -> dict[str, float]:
+    """Median over repeats of the slowest rank's time for one in-place all-reduce, seconds.
+
+    Algorithms take turns inside each repeat (round robin), so a burst of load from other
+    processes on a shared machine hits all of them alike instead of one.
+    """
     import numpy as np
     from mpi4py import MPI
 
-    for _ in range(warmup):
-        algorithm(comm, buf, buf, "sum")
-    times = []
-    for _ in range(repeats):
-        comm.Barrier()
-        start = MPI.Wtime()
-        algorithm(comm, buf, buf, "sum")
-        times.append(MPI.Wtime() - start)
-    slowest = np.empty(len(times))
-    comm.Allreduce(np.asarray(times), slowest, op=MPI.MAX)
-    return float(np.median(slowest))
+    for algorithm in algorithms.values():
+        for _ in range(warmup):
+            algorithm(comm, buf, buf, "sum")
+    times = np.empty((repeats, len(algorithms)))
+    for repeat in range(repeats):
+        for column, algorithm in enumerate(algorithms.values()):
+            comm.Barrier()
+            start = MPI.Wtime()
+            algorithm(comm, buf, buf, "sum")
+            times[repeat, column] = MPI.Wtime() - start
+    slowest = np.empty_like(times)
+    comm.Allreduce(times, slowest, op=MPI.MAX)
+    return dict(zip(algorithms, np.median(slowest, axis=0).tolist()))
 
 
 def run_benchmark(args: argparse.Namespace) -> None:
@@ -124,9 +133,11 @@ def run_benchmark(args: argparse.Namespace) -> None:
 
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
-    hosts = HierarchicalAllreduce(comm, leader_algorithm="ring")
+    hosts = HierarchicalAllreduce(comm, hierarchical_leader_algorithm="ring")
     emulated = HierarchicalAllreduce(
-        comm, leader_algorithm="ring", ranks_per_host=args.ranks_per_host
+        comm,
+        hierarchical_leader_algorithm="ring",
+        hierarchical_ranks_per_host=args.ranks_per_host,
     )
     algorithms: dict[str, Callable] = {
         name: get_allreduce_algorithm(name) for name in ("native", "ring", "rhd", "tree")
@@ -137,12 +148,12 @@ def run_benchmark(args: argparse.Namespace) -> None:
     )
     rows = []
     for nbytes in args.sizes:
-        buf = np.ones(nbytes // 4, dtype=np.float32)
+        # Zeros stay zero under repeated in-place sums (ones would overflow to inf).
+        buf = np.zeros(nbytes // 4, dtype=np.float32)
         repeats = repeats_for(nbytes, args.repeats)
-        native_time = None
-        for name, algorithm in algorithms.items():
-            seconds = time_algorithm(comm, algorithm, buf, repeats, args.warmup)
-            native_time = seconds if native_time is None else native_time
+        medians = time_algorithms(comm, algorithms, buf, repeats, args.warmup)
+        native_time = medians["native"]
+        for name, seconds in medians.items():
             algbw = nbytes / seconds / 1e9 if seconds > 0 else float("inf")
             busbw = algbw * 2 * (size - 1) / size
             rows.append((format_size(nbytes), name, seconds * 1e3, algbw, busbw,

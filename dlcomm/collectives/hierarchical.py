@@ -47,38 +47,44 @@ def _check_leader_algorithm(name: object) -> str:
     """Require one of the flat algorithm names."""
     if not isinstance(name, str) or name.strip().lower() not in LEADER_ALGORITHMS:
         valid = ", ".join(LEADER_ALGORITHMS)
-        raise ValueError(f"unknown leader_algorithm {name!r}; valid: {valid}")
+        raise ValueError(f"unknown hierarchical_leader_algorithm {name!r}; valid: {valid}")
     return name.strip().lower()
 
 
 def _check_ranks_per_host(value: object) -> int | None:
-    """Require ``None`` (use the shared-memory split) or a positive integer."""
+    """Require ``None`` or 0 (use the shared-memory split) or a positive integer."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"ranks_per_host must be a positive integer or None, got {value!r}")
-    return int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(
+            f"hierarchical_ranks_per_host must be a positive integer, or 0/None for the "
+            f"shared-memory split, got {value!r}"
+        )
+    return int(value) or None
 
 
 class HierarchicalAllreduce:
     """A host-aware all-reduce over one parent communicator, with its sub-communicators.
 
     Constructing it is collective over ``comm`` (it splits the communicator twice); call
-    it like the flat algorithms: ``h(sendbuf, recvbuf, op)``. ``ranks_per_host`` replaces
-    the shared-memory split by groups of that many consecutive ranks, which lets a single
-    machine (where every rank shares memory) exercise the multi-host path.
+    it like the flat algorithms: ``h(sendbuf, recvbuf, op)``.
+    ``hierarchical_leader_algorithm`` is the flat algorithm among leaders;
+    ``hierarchical_ranks_per_host`` replaces the shared-memory split by groups of that many
+    consecutive ranks (0 or None: no override), which lets a single machine, where every
+    rank shares memory, exercise the multi-host path. Argument names match the
+    ``DLCOMM_HIERARCHICAL_*`` knobs; the constructor itself does not read the environment.
     """
 
     def __init__(
         self,
         comm: MPI.Intracomm,
         *,
-        leader_algorithm: str = DEFAULT_LEADER_ALGORITHM,
-        ranks_per_host: int | None = None,
+        hierarchical_leader_algorithm: str = DEFAULT_LEADER_ALGORITHM,
+        hierarchical_ranks_per_host: int | None = None,
     ) -> None:
         self.comm = check_comm(comm)
-        self.leader_algorithm = _check_leader_algorithm(leader_algorithm)
-        self.ranks_per_host = _check_ranks_per_host(ranks_per_host)
+        self.leader_algorithm = _check_leader_algorithm(hierarchical_leader_algorithm)
+        self.ranks_per_host = _check_ranks_per_host(hierarchical_ranks_per_host)
         rank = comm.Get_rank()
         if self.ranks_per_host is None:
             self.local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -149,23 +155,28 @@ _CACHE_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_cached_instances)
 def cached_hierarchical_allreduce(
     comm: MPI.Intracomm,
     *,
-    leader_algorithm: str | None = None,
-    ranks_per_host: int | None = None,
+    hierarchical_leader_algorithm: str | None = None,
+    hierarchical_ranks_per_host: int | None = None,
 ) -> HierarchicalAllreduce:
     """The ``HierarchicalAllreduce`` for ``comm`` and these settings, built on first use.
 
     Collective over ``comm`` on the first call for a given setting. Settings left as
     ``None`` come from ``DLCOMM_HIERARCHICAL_LEADER_ALGORITHM`` (default ``ring``) and
-    ``DLCOMM_HIERARCHICAL_RANKS_PER_HOST`` (default: the shared-memory split).
+    ``DLCOMM_HIERARCHICAL_RANKS_PER_HOST`` (default 0: the shared-memory split).
     """
     comm = check_comm(comm)
+    leader_algorithm = hierarchical_leader_algorithm
     if leader_algorithm is None:
-        leader_algorithm = os.environ.get(LEADER_ALGORITHM_ENV, DEFAULT_LEADER_ALGORITHM)
+        leader_algorithm = os.environ.get(LEADER_ALGORITHM_ENV, "").strip()
+        leader_algorithm = leader_algorithm or DEFAULT_LEADER_ALGORITHM
     leader_algorithm = _check_leader_algorithm(leader_algorithm)
+    ranks_per_host = hierarchical_ranks_per_host
     if ranks_per_host is None and os.environ.get(RANKS_PER_HOST_ENV, "").strip():
         text = os.environ[RANKS_PER_HOST_ENV].strip()
         if not text.isdigit():
-            raise ValueError(f"{RANKS_PER_HOST_ENV}={text!r} must be a positive integer")
+            raise ValueError(
+                f"{RANKS_PER_HOST_ENV}={text!r} must be a non-negative integer (0: no override)"
+            )
         ranks_per_host = int(text)
     ranks_per_host = _check_ranks_per_host(ranks_per_host)
     cache = comm.Get_attr(_CACHE_KEYVAL)
@@ -175,7 +186,9 @@ def cached_hierarchical_allreduce(
     key = (leader_algorithm, ranks_per_host)
     if key not in cache:
         cache[key] = HierarchicalAllreduce(
-            comm, leader_algorithm=leader_algorithm, ranks_per_host=ranks_per_host
+            comm,
+            hierarchical_leader_algorithm=leader_algorithm,
+            hierarchical_ranks_per_host=ranks_per_host,
         )
     return cache[key]
 

@@ -31,8 +31,12 @@ ALLREDUCE_ALGORITHM_ENV = "DLCOMM_ALLREDUCE_ALGORITHM"
 DEFAULT_ALLREDUCE_ALGORITHM = "native"
 
 
-def get_allreduce_algorithm(name: str) -> AllreduceAlgorithm:
-    """The all-reduce function called ``name`` (case-insensitive); ValueError lists valid names."""
+def get_allreduce_algorithm(allreduce_algorithm: str) -> AllreduceAlgorithm:
+    """The all-reduce function of that name (case-insensitive); ValueError lists valid names.
+
+    The argument is named like the ``DLCOMM_ALLREDUCE_ALGORITHM`` knob it mirrors.
+    """
+    name = allreduce_algorithm
     if not isinstance(name, str):
         raise TypeError(f"algorithm name must be a string, got {type(name).__name__}")
     key = name.strip().lower()
