@@ -209,7 +209,8 @@ def section_fusion(ctx: ReportContext) -> Section:
                 f"{peers[ASYNC]['median_s'] * 1e3:.1f} ms, one concatenated raw call "
                 f"{peers[RAW_CONCAT]['median_s'] * 1e3:.1f} ms "
                 f"({peers[ASYNC]['vs_concatenated']:.2f}x, paired "
-                f"{peers[ASYNC]['vs_concatenated_paired']:.2f}x), {r['tensors']} separate raw calls "
+                f"{peers[ASYNC]['vs_concatenated_paired']:.2f}x), {r['tensors']} separate "
+                f"raw calls "
                 f"{peers[RAW_SEPARATE]['median_s'] * 1e3:.1f} ms.")
     note = ("\n`dlcomm async` submits every tensor with `allreduce_async` and then calls "
             "`synchronize` on each; the engine negotiates and fuses them. `mpi4py "
@@ -335,8 +336,8 @@ How to read these tables (DESIGN.md, "Measuring"):
   ratio" is the median over iterations of dlcomm's time over the raw call's time in the same
   iteration: it pairs the peers under the same momentary load, the steadier of the two here.
 - The raw peer runs while dlcomm's engine thread idles in the background (one tiny
-  negotiation round every few ms), as it would in a program that uses both. "check" compares each peer's result
-  with a numpy reference (OK / FAIL).
+  negotiation round every few ms), as it would in a program that uses both.
+- "check" compares each peer's result with a numpy reference (OK / FAIL).
 - Commands are shown with the console scripts `dlcommrun` and `dlcomm`; the report runs the
   same modules (`python -m dlcomm.launcher.dlcommrun`, `python -m dlcomm.cli.main`) with
   the interpreter that runs it.
