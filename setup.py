@@ -1,6 +1,13 @@
 """Installs dlcomm: the core package, the framework adapters as ``dlcomm.<framework>``,
 the ``dlcommrun`` and ``dlcomm`` console scripts, and optional native kernels."""
+import os
+import sys
+
 from setuptools import setup
+
+# native/build_native.py: the optional C++ kernels (dlcomm._native), built when g++ is there.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
+from build_native import OptionalBuildExt, native_extensions  # noqa: E402
 
 ADAPTERS = {
     "dlcomm.torch": "frameworks/torch",
@@ -38,9 +45,13 @@ setup(
         "tensorflow": ["tensorflow"],
         "mxnet": ["mxnet==1.9.1"],
         "cupy": ["cupy-cuda12x", "nvidia-nccl-cu12"],
-        "test": ["pytest>=7", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "tqdm"],
+        # cupy + nvidia-nccl-cu12 let the tests exchange a real NCCL unique id without a GPU.
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "tqdm",
+                 "mlxtend", "cupy-cuda12x", "nvidia-nccl-cu12"],
         "bench": ["matplotlib"],
     },
+    ext_modules=native_extensions(),
+    cmdclass={"build_ext": OptionalBuildExt},
     entry_points={
         "console_scripts": [
             "dlcommrun = dlcomm.launcher.dlcommrun:main",

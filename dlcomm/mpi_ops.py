@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from dlcomm import basics
+from dlcomm.comm.backend_select import is_device_array, select_backend
+from dlcomm.compression.array_api import array_namespace
 from dlcomm.engine.request import Handle, Kind, Request, Signature
 from dlcomm.ops import Average, ReduceOp, as_reduce_op
 from dlcomm.process_sets import ProcessSet, global_process_set
@@ -41,6 +43,13 @@ def _check_name(name: str | None, kind: str) -> str:
 def _check_array(tensor: Any, what: str, allowed: frozenset[str]) -> np.ndarray:
     if isinstance(tensor, np.generic):  # a numpy scalar travels as a 0-d array
         tensor = np.asarray(tensor)
+    if is_device_array(tensor):  # CuPy: the NCCL backend moves it (raises if unavailable)
+        select_backend(tensor, basics.state().config.backend)
+        if tensor.dtype.char not in allowed:
+            raise TypeError(f"{what} has unsupported dtype {tensor.dtype}")
+        return tensor if tensor.flags.c_contiguous else tensor.copy(order="C")
+    if basics.is_initialized() and basics.state().config.backend == "nccl":
+        select_backend(tensor, "nccl")  # explains that host arrays need backend mpi/auto
     if not isinstance(tensor, np.ndarray):
         raise TypeError(f"{what} must be a numpy.ndarray, got {type(tensor).__name__} "
                         "(use the framework adapter, e.g. dlcomm.torch, for framework tensors)")
@@ -54,9 +63,10 @@ def _check_array(tensor: Any, what: str, allowed: frozenset[str]) -> np.ndarray:
 
 def _check_output(output: np.ndarray | None, like: np.ndarray) -> np.ndarray:
     if output is None:
-        return np.empty_like(like)
-    if not isinstance(output, np.ndarray):
-        raise TypeError(f"output must be a numpy.ndarray, got {type(output).__name__}")
+        return array_namespace(like).empty_like(like)
+    if type(output) is not type(like):
+        raise TypeError(f"output must be a {type(like).__name__} like the input, got "
+                        f"{type(output).__name__}")
     if output.shape != like.shape or output.dtype != like.dtype:
         raise ValueError(f"output has shape {output.shape} and dtype {output.dtype}; "
                          f"expected {like.shape} and {like.dtype}")
@@ -159,7 +169,8 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = No
     sig = Signature(Kind.ALLREDUCE, _check_process_set(process_set), arrays[0].dtype.str,
                     tuple(a.shape for a in arrays), op.value, -1,
                     _check_factor(prescale_factor, "prescale_factor"),
-                    _check_factor(postscale_factor, "postscale_factor"), spec)
+                    _check_factor(postscale_factor, "postscale_factor"), spec,
+                    device=is_device_array(arrays[0]))
     return _submit(_check_name(name, kind), sig, arrays, outs, grouped=_grouped,
                    compressor=compressor)
 
@@ -180,7 +191,8 @@ def allgather_async(tensor: np.ndarray, name: str | None = None,
     x = _check_array(tensor, "tensor", _MOVABLE)
     if x.ndim == 0:
         raise ValueError("allgather needs at least one dimension (got a 0-d array)")
-    sig = Signature(Kind.ALLGATHER, _check_process_set(process_set), x.dtype.str, (x.shape,))
+    sig = Signature(Kind.ALLGATHER, _check_process_set(process_set), x.dtype.str, (x.shape,),
+                    device=is_device_array(x))
     return _submit(_check_name(name, "allgather"), sig, [x], [])
 
 
@@ -205,7 +217,8 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
     out = _check_output(output, x)
     if out is not x and process_set.rank() == root_rank:
         np.copyto(out, x)
-    sig = Signature(Kind.BROADCAST, set_id, x.dtype.str, (x.shape,), root=int(root_rank))
+    sig = Signature(Kind.BROADCAST, set_id, x.dtype.str, (x.shape,), root=int(root_rank),
+                    device=is_device_array(x))
     return _submit(_check_name(name, "broadcast"), sig, [x], [out])
 
 
@@ -241,7 +254,8 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
         if any(s < 0 for s in split_list) or sum(split_list) != x.shape[0]:
             raise ValueError(f"splits {split_list} must be non-negative and sum to the first "
                              f"dimension {x.shape[0]}")
-    sig = Signature(Kind.ALLTOALL, set_id, x.dtype.str, (x.shape,), splits=tuple(split_list))
+    sig = Signature(Kind.ALLTOALL, set_id, x.dtype.str, (x.shape,), splits=tuple(split_list),
+                    device=is_device_array(x))
     return _submit(_check_name(name, "alltoall"), sig, [x], [])
 
 
@@ -263,7 +277,8 @@ def reducescatter_async(tensor: np.ndarray, name: str | None = None, op: ReduceO
     op = as_reduce_op(op)
     sig = Signature(Kind.REDUCESCATTER, _check_process_set(process_set), x.dtype.str,
                     (x.shape,), op.value, -1, _check_factor(prescale_factor, "prescale_factor"),
-                    _check_factor(postscale_factor, "postscale_factor"))
+                    _check_factor(postscale_factor, "postscale_factor"),
+                    device=is_device_array(x))
     return _submit(_check_name(name, "reducescatter"), sig, [x], [])
 
 

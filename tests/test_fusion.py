@@ -40,7 +40,7 @@ def test_plan_rejects_bad_arguments():
 )
 def test_pack_unpack_round_trip(shapes, dtype, seed):
     rng = np.random.default_rng(seed)
-    arrays = [(rng.standard_normal(tuple(s)) * 10).astype(dtype) for s in shapes]
+    arrays = [np.asarray((rng.standard_normal(tuple(s)) * 10).astype(dtype)) for s in shapes]
     buffers = FusionBuffer()
     buf = buffers.get(dtype, sum(a.size for a in arrays))
     offsets = pack(arrays, buf)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm.compression.array_api import array_namespace
 from dlcomm.engine import fusion
 from dlcomm.engine.negotiation import Response
 from dlcomm.engine.request import Kind, Request
@@ -28,6 +29,17 @@ class ProcessSetState:
         self.ranks = ranks
         self.comm = comm  # None on ranks outside the set
         self.exchange: Any = None  # compression's view of comm, made on first use
+        self.nccl: Any = None  # NCCL communicator for device arrays, made on first use
+
+    def data_comm(self, device: bool) -> Any:
+        """MPI for host arrays; NCCL (created collectively on first use) for device ones."""
+        if not device:
+            return self.comm
+        if self.nccl is None:
+            from dlcomm.comm.nccl_backend import NCCLCommunicator
+
+            self.nccl = NCCLCommunicator(self.comm.comm)
+        return self.nccl
 
     def set_rank(self, world_rank: int) -> int:
         return self.ranks.index(world_rank)
@@ -152,7 +164,7 @@ class Executor:
     def _allreduce_group(self, group: list[tuple[Response, Request | None]]) -> None:
         first = group[0][0]
         sig = first.reference
-        comm = self.process_sets[sig.process_set_id].comm
+        comm = self.process_sets[sig.process_set_id].data_comm(sig.device)
         op = ReduceOp(sig.op)
         wire_op = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
         dtype = np.dtype(sig.dtype)
@@ -185,7 +197,7 @@ class Executor:
                 for n in names:
                     self.timeline.begin(n, "fuse", {"tensors": len(inputs), "bytes":
                                                     total * dtype.itemsize})
-                buf = self.buffers.get(dtype, total)
+                buf = self.buffers.get(dtype, total, like=inputs[0])
                 offsets = fusion.pack(inputs, buf, pre)
                 for n in names:
                     self.timeline.end(n, "fuse")
@@ -232,7 +244,7 @@ class Executor:
     # --- other collectives --------------------------------------------------------------
     def _members_comm(self, resp: Response) -> tuple[Any, ProcessSetState]:
         ps = self.process_sets[resp.process_set_id]
-        return ps.comm, ps
+        return ps.data_comm(resp.reference.device), ps
 
     def _allgather(self, resp: Response, req: Request | None) -> np.ndarray:
         comm, ps = self._members_comm(resp)
@@ -241,9 +253,9 @@ class Executor:
         rest = x.shape[1:]
         row = int(np.prod(rest)) if rest else 1
         rows = [resp.signatures[r].shapes[0][0] for r in ps.ranks]
-        out = np.empty((sum(rows), *rest), dtype=x.dtype)
+        out = array_namespace(x).empty((sum(rows), *rest), dtype=x.dtype)
         self.timeline.begin(resp.name, "communicate", {"bytes": x.nbytes})
-        comm.allgatherv(np.ascontiguousarray(x).reshape(-1), out.reshape(-1),
+        comm.allgatherv(x.reshape(-1), out.reshape(-1),
                         [n * row for n in rows])
         self.bytes_sent += x.nbytes
         self.timeline.end(resp.name, "communicate")
@@ -270,9 +282,9 @@ class Executor:
         me = ps.set_rank(self.rank)
         send_rows = list(resp.signatures[self.rank].splits or ())
         recv_rows = [resp.signatures[r].splits[me] for r in ps.ranks]
-        out = np.empty((sum(recv_rows), *rest), dtype=x.dtype)
+        out = array_namespace(x).empty((sum(recv_rows), *rest), dtype=x.dtype)
         self.timeline.begin(resp.name, "communicate", {"bytes": x.nbytes})
-        comm.alltoallv(np.ascontiguousarray(x).reshape(-1), [n * row for n in send_rows],
+        comm.alltoallv(x.reshape(-1), [n * row for n in send_rows],
                        out.reshape(-1), [n * row for n in recv_rows])
         self.bytes_sent += x.nbytes
         self.timeline.end(resp.name, "communicate")
@@ -288,10 +300,10 @@ class Executor:
         row = int(np.prod(rest)) if rest else 1
         me = ps.set_rank(self.rank)
         op = ReduceOp(sig.op)
-        src = np.ascontiguousarray(x).reshape(-1)
+        src = x.reshape(-1)
         if sig.prescale != 1.0:
-            src = src * np.asarray(sig.prescale).astype(src.dtype)
-        out = np.empty((rows[me], *rest), dtype=x.dtype)
+            src = src * x.dtype.type(sig.prescale)
+        out = array_namespace(x).empty((rows[me], *rest), dtype=x.dtype)
         self.timeline.begin(resp.name, "communicate", {"bytes": x.nbytes})
         comm.reduce_scatter(src, out.reshape(-1), [n * row for n in rows],
                             ReduceOp.SUM if op is ReduceOp.AVERAGE else op)

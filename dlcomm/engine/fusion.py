@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm.compression.array_api import array_namespace
+
 
 def plan_fusion(nbytes: Sequence[int], keys: Sequence[Hashable], threshold: int) -> list[list[int]]:
     """Group indices by key, in order, so no group exceeds ``threshold`` bytes.
@@ -39,15 +41,17 @@ class FusionBuffer:
     """One reusable, growable 1-D buffer per dtype."""
 
     def __init__(self) -> None:
-        self._buffers: dict[np.dtype, np.ndarray] = {}
+        self._buffers: dict[tuple[Any, np.dtype], Any] = {}
 
-    def get(self, dtype: Any, count: int) -> np.ndarray:
-        """A 1-D view of at least ``count`` elements of ``dtype`` (contents undefined)."""
+    def get(self, dtype: Any, count: int, like: Any = None) -> Any:
+        """A 1-D view of at least ``count`` elements of ``dtype`` (contents undefined),
+        allocated by the array library of ``like`` (numpy by default, CuPy for device)."""
         dtype = np.dtype(dtype)
-        buf = self._buffers.get(dtype)
+        xp = np if like is None else array_namespace(like)
+        buf = self._buffers.get((xp, dtype))
         if buf is None or buf.size < count:
-            buf = np.empty(max(count, 1), dtype=dtype)
-            self._buffers[dtype] = buf
+            buf = xp.empty(max(count, 1), dtype=dtype)
+            self._buffers[(xp, dtype)] = buf
         return buf[:count]
 
     def release(self) -> None:
@@ -63,10 +67,11 @@ def pack(arrays: Sequence[np.ndarray], buffer: np.ndarray,
         n = a.size
         dst = buffer[pos:pos + n]
         scale = 1.0 if scales is None else scales[i]
+        xp = array_namespace(a)
         if scale == 1.0:
-            np.copyto(dst, a.reshape(-1))
+            xp.copyto(dst, a.reshape(-1))
         else:
-            np.multiply(a.reshape(-1), scale, out=dst, casting="unsafe")
+            xp.multiply(a.reshape(-1), scale, out=dst, casting="unsafe")
         offsets.append(pos)
         pos += n
     return offsets
@@ -78,7 +83,8 @@ def unpack(buffer: np.ndarray, outputs: Sequence[np.ndarray], offsets: Sequence[
     for i, (out, start) in enumerate(zip(outputs, offsets)):
         src = buffer[start:start + out.size].reshape(out.shape)
         scale = 1.0 if scales is None else scales[i]
+        xp = array_namespace(out)
         if scale == 1.0:
-            np.copyto(out, src)
+            xp.copyto(out, src)
         else:
-            np.multiply(src, scale, out=out, casting="unsafe")
+            xp.multiply(src, scale, out=out, casting="unsafe")

@@ -51,6 +51,7 @@ class Signature:
     compression: str = "none"
     splits: tuple[int, ...] | None = None  # alltoall: rows sent to each rank
     extra: Any = None  # add_process_set: the ranks
+    device: bool = False  # True for device (CuPy) arrays, moved by NCCL
 
     def agreed_fields(self) -> dict[str, Any]:
         """Fields every rank must give equal values for (per-rank sizes excluded)."""
@@ -64,6 +65,7 @@ class Signature:
             "postscale_factor": self.postscale,
             "compression": self.compression,
             "ranks": self.extra,
+            "device": "gpu" if self.device else "host",
         }
         if self.kind in (Kind.ALLGATHER, Kind.ALLTOALL):
             # The first dimension may differ per rank; the rest must agree.
