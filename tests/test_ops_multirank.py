@@ -174,6 +174,13 @@ def test_every_op_against_numpy(np_, tmp_path):
     assert proc.stdout.count("OK") == np_, proc.stdout
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "rhd"])
+def test_engine_runs_dlcomm_allreduce_algorithms(algorithm, tmp_path):
+    proc = run_mpi(3, OPS_SCRIPT, tmp_path, timeout=240,
+                   env={"DLCOMM_ALLREDUCE_ALGORITHM": algorithm})
+    assert proc.stdout.count("OK") == 3, proc.stdout
+
+
 def test_single_rank_job(tmp_path):
     proc = run_mpi(1, OPS_SCRIPT, tmp_path, timeout=120)
     assert proc.stdout.count("OK") == 1

@@ -71,14 +71,20 @@ class _MPIRequest:
 class MPICommunicator:
     """A ``Communicator`` over an ``mpi4py`` communicator (host numpy arrays)."""
 
-    def __init__(self, comm: MPI.Comm) -> None:
+    def __init__(self, comm: MPI.Comm, algorithm: Any = None) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        # An all-reduce of dlcomm.collectives (DLCOMM_ALLREDUCE_ALGORITHM); None: MPI's own.
+        self.algorithm = algorithm
 
     # --- data path -------------------------------------------------------------------
     def allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp) -> None:
         if recvbuf.size == 0:
+            return
+        if self.algorithm is not None:
+            wire_op = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
+            self.algorithm(self.comm, sendbuf, recvbuf, wire_op)
             return
         mpi_op = _mpi_op(recvbuf.dtype, op)
         send = MPI.IN_PLACE if sendbuf is recvbuf else _wire(sendbuf)
@@ -124,10 +130,10 @@ class MPICommunicator:
     def split(self, color: int | None, key: int) -> MPICommunicator | None:
         """Collective over this communicator; ranks passing ``None`` get ``None``."""
         sub = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if sub == MPI.COMM_NULL else MPICommunicator(sub)
+        return None if sub == MPI.COMM_NULL else MPICommunicator(sub, self.algorithm)
 
     def dup(self) -> MPICommunicator:
-        return MPICommunicator(self.comm.Dup())
+        return MPICommunicator(self.comm.Dup(), self.algorithm)
 
     def free(self) -> None:
         if self.comm not in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):

@@ -42,7 +42,7 @@ class Engine:
         self.size = world.Get_size()
         # Separate communicators keep negotiation messages apart from data messages.
         self.control = MPICommunicator(world.Dup())
-        data = MPICommunicator(world.Dup())
+        data = MPICommunicator(world.Dup(), _allreduce_algorithm())
         self.process_sets: dict[int, ProcessSetState] = {
             WORLD: ProcessSetState(WORLD, tuple(range(self.size)), data)
         }
@@ -255,6 +255,14 @@ class Engine:
         self.coordinator.members.pop(set_id, None)
         if state.comm is not None:
             state.comm.free()
+
+
+def _allreduce_algorithm() -> Any:
+    """The dlcomm.collectives all-reduce chosen by DLCOMM_ALLREDUCE_ALGORITHM (None: native)."""
+    from dlcomm.collectives.registry import algorithm_name_from_env, get_allreduce_algorithm
+
+    name = algorithm_name_from_env()
+    return None if name == "native" else get_allreduce_algorithm(name)
 
 
 def _open_timeline(path: str, rank: int) -> Any:
