@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from dlcomm.config import Config, load_config
-from dlcomm.engine.engine import Engine
 from dlcomm.engine.request import Kind, Request, Signature
 from dlcomm.errors import ShutdownError
 from dlcomm.process_sets import ProcessSet, global_process_set
@@ -18,7 +17,7 @@ from dlcomm.process_sets import ProcessSet, global_process_set
 @dataclasses.dataclass
 class _State:
     config: Config
-    engine: Engine
+    engine: Any  # dlcomm.engine.engine.Engine (imported in init: it loads MPI)
     rank: int
     size: int
     local_rank: int
@@ -46,7 +45,11 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
         return
     config = load_config(**settings)
     logging.getLogger("dlcomm").setLevel(config.log_level.upper())
+    # Importing mpi4py.MPI initialises MPI, so it happens here and not at `import dlcomm`:
+    # a process that only launches jobs (dlcommrun) must not become an MPI process.
     from mpi4py import MPI
+
+    from dlcomm.engine.engine import Engine
 
     if comm is None:
         comm = MPI.COMM_WORLD

@@ -42,3 +42,13 @@ def test_every_knob_is_in_the_docs_table():
     table = knobs_markdown()
     for knob in KNOBS:
         assert f"`{knob.env}`" in table
+
+
+def test_importing_dlcomm_does_not_start_mpi():
+    """A process that only launches jobs (dlcommrun) must not become an MPI process."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dlcomm, dlcomm.torch, dlcomm.launcher.dlcommrun; "
+            "sys.exit(1 if 'mpi4py.MPI' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -8,6 +8,7 @@ until every rank that must take part has submitted it.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -80,11 +81,17 @@ class Engine:
                 )
             self._in_flight.add(request.name)
             request.handle.on_wait = self._user_waiting
+            request.handle.on_done = functools.partial(self._release, request.name)
             self._queue.append(request)
             if len(self._queue) == 1:
                 self._cond.notify()
         self.timeline.begin(request.name, "queued", {"kind": request.kind.value})
         return request.handle
+
+    def _release(self, name: str) -> None:
+        """A request completed: its name may be submitted again at once."""
+        with self._cond:
+            self._in_flight.discard(name)
 
     def _user_waiting(self) -> None:
         """A user thread blocks on a result: batching further cannot help it."""
@@ -216,14 +223,10 @@ class Engine:
             return
 
     def _retire(self, responses: list[Response]) -> None:
-        done = []
         for resp in responses:
             req = self._pending.get(resp.name)
             if req is not None and req.handle.done():
                 del self._pending[resp.name]
-                done.append(resp.name)
-        with self._cond:
-            self._in_flight.difference_update(done)
 
     def _stop(self, error: DLCommError, quiet: bool = False) -> None:
         with self._cond:

@@ -98,7 +98,7 @@ def mismatch_message(name: str, sigs: dict[int, Signature]) -> str | None:
 class Handle:
     """Completion of an asynchronous request: ``poll()`` / ``synchronize()`` take these."""
 
-    __slots__ = ("_error", "_event", "_result", "name", "on_wait")
+    __slots__ = ("_error", "_event", "_result", "name", "on_done", "on_wait")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -107,16 +107,24 @@ class Handle:
         self._error: BaseException | None = None
         # Called when a thread starts waiting: the engine then stops batching and runs.
         self.on_wait: Any = None
+        # Called on completion, before waiters wake: frees the name for reuse.
+        self.on_done: Any = None
 
     def done(self) -> bool:
         return self._event.is_set()
 
     def set_result(self, result: Any) -> None:
         self._result = result
-        self._event.set()
+        self._complete()
 
     def set_error(self, error: BaseException) -> None:
         self._error = error
+        self._complete()
+
+    def _complete(self) -> None:
+        if self.on_done is not None:
+            self.on_done()
+            self.on_done = None
         self._event.set()
 
     def wait(self, timeout: float | None = None) -> Any:
