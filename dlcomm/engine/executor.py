@@ -6,6 +6,7 @@ across ranks without further coordination.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -118,7 +119,7 @@ class Executor:
             return (sig.process_set_id, sig.dtype, wire_op, sig.compression,
                     tuple(sorted(item[0].joined)))
 
-        nbytes = [sum(int(np.prod(s)) for s in r.reference.shapes)
+        nbytes = [sum(math.prod(s) for s in r.reference.shapes)
                   * np.dtype(r.reference.dtype).itemsize for r, _ in items]
         groups = fusion.plan_fusion(nbytes, [key(i) for i in items], self.fusion_threshold)
         for group in groups:
@@ -251,7 +252,7 @@ class Executor:
         assert req is not None
         x = req.arrays[0]
         rest = x.shape[1:]
-        row = int(np.prod(rest)) if rest else 1
+        row = math.prod(rest)
         rows = [resp.signatures[r].shapes[0][0] for r in ps.ranks]
         out = array_namespace(x).empty((sum(rows), *rest), dtype=x.dtype)
         self.timeline.begin(resp.name, "communicate", {"bytes": x.nbytes})
@@ -278,7 +279,7 @@ class Executor:
         assert req is not None
         x = req.arrays[0]
         rest = x.shape[1:]
-        row = int(np.prod(rest)) if rest else 1
+        row = math.prod(rest)
         me = ps.set_rank(self.rank)
         send_rows = list(resp.signatures[self.rank].splits or ())
         recv_rows = [resp.signatures[r].splits[me] for r in ps.ranks]
@@ -297,7 +298,7 @@ class Executor:
         x = req.arrays[0]
         rows = reducescatter_rows(x.shape[0], len(ps.ranks))
         rest = x.shape[1:]
-        row = int(np.prod(rest)) if rest else 1
+        row = math.prod(rest)
         me = ps.set_rank(self.rank)
         op = ReduceOp(sig.op)
         src = x.reshape(-1)
