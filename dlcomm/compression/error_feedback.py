@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dlcomm.compression.array_api import array_namespace
 from dlcomm.compression.base import CompressorWrapper, Context, check_tensor
+from dlcomm.compression.sparsify import TopK, k_for
+from dlcomm.compression.topk_select import native_topk_with_residual
 
 _ACC = "error_feedback_acc"
 
@@ -20,17 +22,36 @@ class ErrorFeedback(CompressorWrapper):
     def compress(self, tensor: object, name: str) -> tuple[list, Context]:
         check_tensor(tensor, name)
         residual = self.states.get(name)
-        if residual is None:
-            acc = tensor.copy()
-        else:
-            if residual.shape != tensor.shape or residual.dtype != tensor.dtype:
-                raise ValueError(
-                    f"tensor {name!r}: shape/dtype changed from {residual.shape}/{residual.dtype} "
-                    f"to {tensor.shape}/{tensor.dtype}; call reset_state({name!r}) first"
-                )
-            acc = tensor + residual
+        if residual is not None and (residual.shape != tensor.shape
+                                     or residual.dtype != tensor.dtype):
+            raise ValueError(
+                f"tensor {name!r}: shape/dtype changed from {residual.shape}/{residual.dtype} "
+                f"to {tensor.shape}/{tensor.dtype}; call reset_state({name!r}) first"
+            )
+        fused = self._native_topk(tensor, residual, name)
+        if fused is not None:
+            return fused
+        acc = tensor.copy() if residual is None else tensor + residual
         payloads, ctx = self.inner.compress(acc, name)
         return self._maybe_update(payloads, ctx, acc)
+
+    def _native_topk(self, tensor: object, residual: object, name: str) -> tuple | None:
+        """Approximate top-k + residual update in native passes (same bits), or None.
+
+        The reference (compress ``acc``, scatter the payloads back, subtract) makes about ten
+        passes over the tensor; ``native_topk_with_residual`` makes one per threshold probe
+        plus one that selects and writes the residual, without materialising ``acc``.
+        """
+        inner = self.inner
+        if type(inner) is not TopK or not inner.approx or len(self.rounds) != 1:
+            return None
+        k = k_for(inner.ratio, tensor.size)
+        fused = native_topk_with_residual(tensor, residual, k)
+        if fused is None:
+            return None
+        values, indices, new_residual = fused
+        self.states[name] = new_residual
+        return [values, indices], inner._context(tensor, name)
 
     def resume(self, reduced: list, ctx: Context) -> tuple[list, Context]:
         payloads, ctx = self.inner.resume(reduced, ctx)

@@ -7,6 +7,9 @@ the sign of the sum of the ranks' signs (0 where the vote ties).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from dlcomm import native
 from dlcomm.compression.array_api import array_namespace, compute_dtype
 from dlcomm.compression.base import ALLGATHER, Compressor, Context, check_op
 
@@ -24,6 +27,21 @@ def unpack_signs(packed: object, n: int, dtype: object) -> object:
     return bits.astype(dtype) * 2 - 1
 
 
+def _pack(flat: object) -> object:
+    """``pack_signs`` with the native kernel for numpy arrays (same bytes)."""
+    if isinstance(flat, np.ndarray) and native.available():
+        return native.pack_signs(flat)
+    return pack_signs(flat)
+
+
+def _unpack(packed: object, n: int, dtype: object, scale: object = None) -> object:
+    """``unpack_signs(...) * scale.astype(dtype)`` (scale None: bare signs), native for numpy."""
+    if isinstance(packed, np.ndarray) and native.available():
+        return native.unpack_signs(packed, n, dtype, scale)
+    signs = unpack_signs(packed, n, dtype)
+    return signs if scale is None else signs * scale.astype(dtype)
+
+
 class EFSignSGD(Compressor):
     """Scaled sign: payloads (packed signs, [mean |x|]); decompress gives mean|x| * sign(x)."""
 
@@ -34,12 +52,11 @@ class EFSignSGD(Compressor):
         xp = array_namespace(tensor)
         flat = tensor.reshape(-1)
         scale = xp.mean(xp.abs(flat), dtype=compute_dtype(flat.dtype)).reshape(1)
-        return [pack_signs(flat), scale], self._context(tensor, name)
+        return [_pack(flat), scale], self._context(tensor, name)
 
     def decompress(self, payloads: list, ctx: Context) -> object:
         packed, scale = payloads
-        signs = unpack_signs(packed, ctx.size, ctx.dtype)
-        return (signs * scale.astype(ctx.dtype)).reshape(ctx.shape)
+        return _unpack(packed, ctx.size, ctx.dtype, scale).reshape(ctx.shape)
 
 
 class Signum(Compressor):
@@ -49,10 +66,10 @@ class Signum(Compressor):
     rounds = (ALLGATHER,)
 
     def _compress(self, tensor: object, name: str) -> tuple[list, Context]:
-        return [pack_signs(tensor.reshape(-1))], self._context(tensor, name)
+        return [_pack(tensor.reshape(-1))], self._context(tensor, name)
 
     def decompress(self, payloads: list, ctx: Context) -> object:
-        return unpack_signs(payloads[0], ctx.size, ctx.dtype).reshape(ctx.shape)
+        return _unpack(payloads[0], ctx.size, ctx.dtype).reshape(ctx.shape)
 
     def aggregate(self, tensors: list, op: str = "average") -> object:
         check_op(op)

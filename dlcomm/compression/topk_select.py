@@ -8,6 +8,8 @@ instead of a selection over all n elements.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dlcomm.compression.array_api import array_namespace
 
 MIN_SAMPLE = 1 << 16
@@ -54,21 +56,14 @@ def approx_topk_indices(
     if not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
     magnitude = xp.abs(flat)
-    if n <= MIN_SAMPLE or k * 4 >= n:
+    if not uses_threshold_search(n, k):
         return exact_topk_indices(flat, k)
-    threshold = _sample_threshold(xp, magnitude, k)
-    low_k, high_k = k * (1 - tolerance), k * (1 + tolerance)
-    lo, hi = None, None  # thresholds known to give too many / too few elements
-    for _ in range(max_rounds):
-        count = int(xp.count_nonzero(magnitude >= threshold))
-        if low_k <= count <= high_k:
-            break
-        if count > high_k:
-            lo = threshold
-            threshold = threshold * 2 if hi is None else (threshold + hi) / 2
-        else:
-            hi = threshold
-            threshold = threshold / 2 if lo is None else (threshold + lo) / 2
+    sample = magnitude[:: sample_step(n, k)]
+    threshold = search_threshold(
+        threshold_from_sample(xp, sample, n, k), k, tolerance, max_rounds,
+        lambda t: int(xp.count_nonzero(magnitude >= t)),
+    )
+    high_k = k * (1 + tolerance)
     idx = xp.flatnonzero(magnitude >= threshold)
     if idx.size > high_k:
         keep = exact_topk_indices(flat[idx], k)
@@ -76,11 +71,80 @@ def approx_topk_indices(
     return idx
 
 
-def _sample_threshold(xp: object, magnitude: object, k: int) -> object:
-    """Estimate the k-th largest magnitude from a strided sample with ~SAMPLE_HITS hits above it."""
-    n = magnitude.size
+def uses_threshold_search(n: int, k: int) -> bool:
+    """Whether ``approx_topk_indices`` searches a threshold (else it selects exactly)."""
+    return not (n <= MIN_SAMPLE or k * 4 >= n)
+
+
+def sample_step(n: int, k: int) -> int:
+    """Stride of the sample that has about SAMPLE_HITS elements above the k-th largest."""
     sample_size = min(n, max(MIN_SAMPLE, SAMPLE_HITS * n // k))
-    sample = magnitude[:: max(1, n // sample_size)]
+    return max(1, n // sample_size)
+
+
+def threshold_from_sample(xp: object, sample: object, n: int, k: int) -> object:
+    """Estimate the k-th largest of n magnitudes from a strided ``sample`` of them."""
     hits = max(1, round(k * sample.size / n))
     kth = sample.size - hits
     return xp.partition(sample, kth)[kth]
+
+
+def search_threshold(
+    threshold: object, k: int, tolerance: float, max_rounds: int, count: Callable[[object], int]
+) -> object:
+    """Bisect from ``threshold`` until ``count(threshold)`` (elements >= it) is k within tolerance.
+
+    ``count`` is the only pass over the data, so callers choose how it runs (numpy, or the
+    native kernel that also adds the error-feedback residual on the fly).
+    """
+    low_k, high_k = k * (1 - tolerance), k * (1 + tolerance)
+    lo, hi = None, None  # thresholds known to give too many / too few elements
+    for _ in range(max_rounds):
+        c = count(threshold)
+        if low_k <= c <= high_k:
+            break
+        if c > high_k:
+            lo = threshold
+            threshold = threshold * 2 if hi is None else (threshold + hi) / 2
+        else:
+            hi = threshold
+            threshold = threshold / 2 if lo is None else (threshold + lo) / 2
+    return threshold
+
+
+def native_topk_with_residual(
+    grad: object, residual: object, k: int, *, tolerance: float = 0.25, max_rounds: int = 8
+) -> tuple | None:
+    """Approximate top-k of ``acc = grad + residual`` and the error-feedback residual, fused.
+
+    Returns (values, indices, new_residual) equal to ``approx_topk_indices(acc, k)`` with
+    ``acc.flat[idx]`` and ``acc - scatter(values)`` (tests/test_native.py), computed by the
+    native kernels without materialising ``acc``; None when they do not apply (not numpy,
+    not float32/64, library not built, exact selection needed), so the caller runs the
+    reference instead.
+    """
+    import numpy as np  # noqa: PLC0415
+
+    from dlcomm import native  # noqa: PLC0415 - optional kernels, numpy arrays only
+
+    if not (native.available() and isinstance(grad, np.ndarray)
+            and grad.dtype in (np.float32, np.float64)
+            and grad.flags.c_contiguous
+            and (residual is None or (isinstance(residual, np.ndarray)
+                                      and residual.flags.c_contiguous))):
+        return None
+    n = grad.size
+    check_k(k, n)
+    if not uses_threshold_search(n, k):
+        return None
+    flat = grad.reshape(-1)
+    step = sample_step(n, k)
+    sample = flat[::step] if residual is None else flat[::step] + residual.reshape(-1)[::step]
+    threshold = search_threshold(
+        threshold_from_sample(np, np.abs(sample), n, k), k, tolerance, max_rounds,
+        lambda t: native.count_above(grad, t, residual),
+    )
+    values, indices, new_residual = native.ef_select(grad, threshold, residual, index_dtype(n))
+    if indices.size > k * (1 + tolerance):
+        return None  # the reference narrows to exactly k among these: let it
+    return values, indices, new_residual
