@@ -119,16 +119,81 @@ class Executor:
             return (sig.process_set_id, sig.dtype, wire_op, sig.compression,
                     tuple(sorted(item[0].joined)))
 
-        nbytes = [sum(math.prod(s) for s in r.reference.shapes)
+        # Compressed requests are grouped regardless of size: their payloads, not their
+        # tensors, are what fills fusion buffers (thresholds scale with the compression).
+        nbytes = [0 if r.reference.compression != "none" else
+                  sum(math.prod(s) for s in r.reference.shapes)
                   * np.dtype(r.reference.dtype).itemsize for r, _ in items]
         groups = fusion.plan_fusion(nbytes, [key(i) for i in items], self.fusion_threshold)
         for group in groups:
             members = [items[i] for i in group]
-            if members[0][0].reference.compression != "none":
+            if members[0][0].reference.compression == "none":
+                self._allreduce_group(members)
+            elif members[0][1] is not None and members[0][1].compressor.summable:
+                self._fused_compressed_allreduce(members)
+            else:
                 for item in members:
                     self._compressed_allreduce(*item)
-            else:
-                self._allreduce_group(members)
+
+    def _fused_compressed_allreduce(self, group: list[tuple[Response, Request | None]]) -> None:
+        """Summable compressors: each round's payloads of every tensor travel fused."""
+        sig = group[0][0].reference
+        comm = self.process_sets[sig.process_set_id].data_comm(sig.device)
+        average = sig.op == "average"
+        tensors = []  # (request, index, name, compressor, payloads, ctx, dense)
+        try:
+            for resp, req in group:
+                assert req is not None  # joined ranks are refused for compressed requests
+                for i, x in enumerate(req.arrays):
+                    name = resp.name if len(req.arrays) == 1 else f"{resp.name}.{i}"
+                    src = x if sig.prescale == 1.0 else x * x.dtype.type(sig.prescale)
+                    c = req.compressor
+                    self.timeline.begin(resp.name, "compress")
+                    if c.applies_to(src):
+                        payloads, ctx = c.compress(src, name)
+                        tensors.append([req, i, resp.name, c, payloads, ctx, False])
+                    else:  # small or 1-D: sent dense in the first round
+                        tensors.append([req, i, resp.name, c, [src], None, True])
+                    self.timeline.end(resp.name, "compress")
+            rounds = len(group[0][1].compressor.rounds)
+            for r in range(rounds):
+                active = [t for t in tensors if not t[6] or r == 0]
+                reduced = self._sum_fused([p for t in active for p in t[4]], comm)
+                pos = 0
+                for t in active:
+                    n = len(t[4])
+                    t[4], pos = reduced[pos:pos + n], pos + n
+                    if not t[6] and r < rounds - 1:
+                        t[4], t[5] = t[3].resume(t[4], t[5])
+            for req, i, rname, c, payloads, ctx, dense in tensors:
+                self.timeline.begin(rname, "decompress")
+                y = payloads[0] if dense else c.decompress(payloads, ctx)
+                scale = sig.postscale / (comm.size if average else 1)
+                np.multiply(y, scale, out=req.outputs[i], casting="unsafe")
+                self.timeline.end(rname, "decompress")
+        except Exception as exc:
+            for _, req in group:
+                if req is not None:
+                    req.handle.set_error(exc)
+            return
+        for _, req in group:
+            assert req is not None
+            req.handle.set_result(req.outputs if req.grouped else req.outputs[0])
+
+    def _sum_fused(self, arrays: list[Any], comm: Any) -> list[Any]:
+        """Sum ``arrays`` over ranks in as few messages as the threshold allows (new arrays)."""
+        out = [array_namespace(a).empty_like(a) for a in arrays]
+        sizes = [a.nbytes for a in arrays]
+        for idx in fusion.plan_fusion(sizes, [a.dtype.str for a in arrays],
+                                      max(self.fusion_threshold, 1)):
+            parts = [arrays[i] for i in idx]
+            total = sum(a.size for a in parts)
+            buf = self.buffers.get(parts[0].dtype, total, like=parts[0])
+            offsets = fusion.pack(parts, buf)
+            comm.allreduce(buf, buf, ReduceOp.SUM)
+            self.bytes_sent += buf.nbytes
+            fusion.unpack(buf, [out[i] for i in idx], offsets)
+        return out
 
     def _compressed_allreduce(self, resp: Response, req: Request | None) -> None:
         """Drive the request's compressor round by round over the process set (unfused)."""
