@@ -65,6 +65,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cycle-time", type=float, default=None, help="milliseconds")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", default=None, help="rank 0 writes the summary here")
     return p.parse_args()
 
 
@@ -144,6 +145,16 @@ def main() -> None:
         print(f"bytes sent per step: {sent.item() / size / steps / 1e3:.1f} kB per rank "
               f"(model: {flat.numel() * 4 / 1e3:.1f} kB of float32 parameters)")
         print(f"parameters identical on all {size} ranks: {'yes' if identical else 'NO'}")
+        if args.json:
+            import json
+
+            with open(args.json, "w") as f:
+                json.dump({"ranks": size, "dataset": args.dataset, "epochs": args.epochs,
+                           "compression": args.compression or "none",
+                           "accuracy": stats[1].item() / n_test,
+                           "samples_per_s": samples / train_time,
+                           "bytes_per_step_per_rank": sent.item() / size / steps,
+                           "model_bytes": flat.numel() * 4, "identical": identical}, f)
     hvd.shutdown()
     if not identical:
         raise SystemExit(1)

@@ -16,8 +16,9 @@ r, n = hvd.rank(), hvd.size()
 rng = np.random.default_rng(r)
 xs = [rng.standard_normal(s).astype(np.float32) for s in [(64, 32), (10,), (128, 16), (3, 3, 8)]]
 ref_comm = MPICommAdapter(MPI.COMM_WORLD.Dup())
-for spec in ["powersgd:rank=4", "acpsgd:rank=4", "fp16", "powersgd:rank=2+fp16",
-             "randomk:ratio=0.3", "topk:ratio=0.2", "gtopk:ratio=0.2", "efsignsgd", "qsgd:levels=4"]:
+SPECS = ["powersgd:rank=4", "acpsgd:rank=4", "fp16", "powersgd:rank=2+fp16", "randomk:ratio=0.3",
+         "topk:ratio=0.2", "gtopk:ratio=0.2", "efsignsgd", "qsgd:levels=4"]
+for spec in SPECS:
     engine_c, ref_c = get_compressor(spec), get_compressor(spec)
     for step in range(3):  # several steps: error feedback and warm starts carry state
         hs = [hvd.allreduce_async(x, name=f"{spec}.{k}", compression=engine_c)
@@ -30,6 +31,16 @@ for spec in ["powersgd:rank=4", "acpsgd:rank=4", "fp16", "powersgd:rank=2+fp16",
             np.testing.assert_allclose(a, b, rtol=tol, atol=tol * float(np.abs(b).max()))
         everyone = hvd.allgather(np.concatenate([g.ravel() for g in got])[None], name="chk")
         assert all(np.array_equal(everyone[0], e) for e in everyone), spec
+# bytes_sent counts compressed payloads: topk at 1% sends a small fraction of dense bytes
+before = hvd.bytes_sent()
+big = rng.standard_normal((256, 256)).astype(np.float32)
+hvd.allreduce(big, name="dense.big")
+dense_bytes = hvd.bytes_sent() - before
+before = hvd.bytes_sent()
+hvd.allreduce(big, name="topk.big", compression=get_compressor("topk:ratio=0.01"))
+topk_bytes = hvd.bytes_sent() - before
+assert dense_bytes == big.nbytes, dense_bytes
+assert 0 < topk_bytes < 0.05 * dense_bytes, (topk_bytes, dense_bytes)
 print(f"OK {r}", flush=True)
 hvd.shutdown()
 '''

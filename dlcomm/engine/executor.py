@@ -224,7 +224,7 @@ class Executor:
 
         ps = self.process_sets[set_id]
         if ps.exchange is None:
-            ps.exchange = MPICommAdapter(ps.comm.comm)
+            ps.exchange = _CountingExchange(MPICommAdapter(ps.comm.comm), self)
         return ps.exchange
 
     def _allreduce_group(self, group: list[tuple[Response, Request | None]]) -> None:
@@ -385,3 +385,25 @@ def reducescatter_rows(rows: int, parts: int) -> list[int]:
     """Horovod's split of the first dimension: the first ``rows % parts`` ranks get one more."""
     base, extra = divmod(rows, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+class _CountingExchange:
+    """Compression's communicator, counting the payload bytes this rank sends."""
+
+    def __init__(self, inner: Any, executor: Executor) -> None:
+        self._inner = inner
+        self._executor = executor
+        self.size = inner.size
+        self.rank = inner.rank
+
+    def allreduce_sum(self, arr: Any) -> Any:
+        self._executor.bytes_sent += arr.nbytes
+        return self._inner.allreduce_sum(arr)
+
+    def allgather(self, arr: Any) -> list:
+        self._executor.bytes_sent += arr.nbytes
+        return self._inner.allgather(arr)
+
+    def sendrecv(self, arr: Any, peer: int) -> Any:
+        self._executor.bytes_sent += arr.nbytes
+        return self._inner.sendrecv(arr, peer)
