@@ -136,6 +136,36 @@ def test_check_op_dtype_rejects(collective: str, op: str, dtype: str, message: s
         peers.check_op_dtype(collective, op, dtype)
 
 
+# --- timing ---------------------------------------------------------------------------------
+class _FakeComm:
+    """Barrier does nothing; Allreduce copies (one rank): enough to test the bookkeeping."""
+
+    def Barrier(self) -> None:  # noqa: N802 - mpi4py's name
+        pass
+
+    def Allreduce(self, send: np.ndarray, recv: np.ndarray, op: object = None) -> None:  # noqa: N802
+        recv[...] = send
+
+
+def test_time_in_blocks_alternates_peers_and_enters_each_block() -> None:
+    from dlcomm.bench.timing import time_in_blocks
+
+    calls: list[str] = []
+    ops = [lambda: calls.append("a"), lambda: calls.append("b")]
+    enter = [lambda: calls.append("enter a"), lambda: calls.append("enter b")]
+    times = time_in_blocks(ops, _FakeComm(), warmup=1, iters=7, block=5, enter=enter)
+    assert times.shape == (2, 7) and (times >= 0).all()
+    expected = (["enter a"] + ["a"] * 6 + ["enter b"] + ["b"] * 6
+                + ["enter a"] + ["a"] * 3 + ["enter b"] + ["b"] * 3)
+    assert calls == expected
+    with pytest.raises(ValueError, match="block"):
+        time_in_blocks(ops, _FakeComm(), 0, 1, block=0)
+    with pytest.raises(ValueError, match="enter"):
+        time_in_blocks(ops, _FakeComm(), 0, 1, enter=[None])
+    with pytest.raises(ValueError, match="-n"):
+        time_in_blocks(ops, _FakeComm(), 0, 0)
+
+
 # --- command line ----------------------------------------------------------------------
 def test_cli_parses_a_collective_benchmark() -> None:
     args = cli.build_parser().parse_args(
@@ -144,6 +174,7 @@ def test_cli_parses_a_collective_benchmark() -> None:
     assert (args.minbytes, args.maxbytes, args.stepfactor) == (1024, 4 << 20, 4)
     assert (args.warmup, args.iters, args.dtype, args.op) == (1, 3, "float64", "max")
     assert (args.collective, args.json, args.plot) == ("allreduce", "r.json", "r.png")
+    assert args.block == 5
     args = cli.build_parser().parse_args(["bench", "alltoall", "--sizes", "8,64M"])
     assert args.sizes == [8, 64 << 20] and args.collective == "alltoall"
 
@@ -154,6 +185,7 @@ def test_cli_parses_a_collective_benchmark() -> None:
     (["bench", "allreduce", "-w", "many"], "whole number"),
     (["bench", "allreduce", "-d", "complex64"], "invalid choice"),
     (["bench", "fusion", "--tensor-bytes", "lots"], "suffix"),
+    (["bench", "fusion", "--block", "0"], "must be >= 1"),
 ])
 def test_cli_rejects_bad_arguments(argv: list[str], message: str,
                                    capsys: pytest.CaptureFixture[str]) -> None:
@@ -319,7 +351,7 @@ import dlcomm.bench.peers as peers
 out = sys.argv[1]
 codes = {}
 for c in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall"):
-    codes[c] = main(["bench", c, "--sizes", "4K,64K", "-w", "0", "-n", "1",
+    codes[c] = main(["bench", c, "--sizes", "4K,64K", "-w", "0", "-n", "3", "--block", "2",
                      "--json", f"{out}/{c}.json"])
 codes["average"] = main(["bench", "allreduce", "--sizes", "1K", "-w", "0", "-n", "1",
                          "--op", "average", "-d", "float64", "--json", f"{out}/avg.json"])
@@ -345,6 +377,7 @@ def test_tiny_real_run_checks_results_and_writes_json(tmp_path: Path) -> None:
     for name in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall", "avg"):
         result = json.loads((tmp_path / f"{name}.json").read_text())
         assert result["ranks"] == 2 and result["all_ok"] is True
+        assert result["raw_peer_engine"] == "stopped"
         for row in result["rows"]:
             assert row["dlcomm"]["check"] == "OK" and row["mpi4py"]["check"] == "OK"
             assert row["ratio"] > 0 and row["ratio_paired"] > 0

@@ -1,7 +1,8 @@
 """``dlcomm bench fusion``: many small async all-reduces against the limits fusion sits between.
 
 N tensors of S bytes (default 200 x 40 KB, Horovod's figure in issue 2) are all-reduced four
-ways, iterations interleaved, each timed between barriers (slowest rank, median):
+ways, in alternating blocks of iterations (dlcomm's engine stopped during the raw peers'
+blocks), each iteration timed between barriers (slowest rank, median):
 
 - ``dlcomm async``: N ``allreduce_async`` calls, then ``synchronize`` on each (fusion's case);
 - ``dlcomm grouped``: one ``grouped_allreduce`` of the N tensors;
@@ -23,8 +24,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from dlcomm.bench.isolation import EngineSwitch
 from dlcomm.bench.peers import rank_input, reduce_reference, results_match
-from dlcomm.bench.timing import check_counts, summarize_times, time_interleaved
+from dlcomm.bench.timing import check_counts, summarize_times, time_in_blocks
 
 ASYNC = "dlcomm async"
 GROUPED = "dlcomm grouped"
@@ -43,12 +45,14 @@ class FusionOptions:
     warmup: int = 3
     iters: int = 20
     dtype: str = "float32"
+    block: int = 5  # iterations per block; peers alternate block by block
     argv: list[str] = field(default_factory=list)
 
     def validate(self) -> None:
         """Raise TypeError/ValueError for settings that cannot be measured."""
         check_counts(self.warmup, self.iters)
-        for name, value in (("tensors", self.tensors), ("tensor_bytes", self.tensor_bytes)):
+        for name, value in (("tensors", self.tensors), ("tensor_bytes", self.tensor_bytes),
+                            ("block", self.block)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__}")
             if value < 1:
@@ -110,17 +114,19 @@ def run_fusion_benchmark(opts: FusionOptions, out: TextIO | None = None) -> dict
     """Measure the four peers; rank 0 prints a table to ``out``. Returns the result dict."""
     from mpi4py import MPI
 
-    import dlcomm
+    from dlcomm.bench.collective import timing_text
     from dlcomm.bench.machine import describe_machine, load_average
 
     opts.validate()
-    started_here = not dlcomm.is_initialized()
-    dlcomm.init()
+    switch = EngineSwitch()
     comm = MPI.COMM_WORLD.Dup()
     try:
         peers, expected, reset = _make_peers(opts, comm)
         machine = describe_machine() if comm.Get_rank() == 0 else None
-        times = time_interleaved(list(peers.values()), comm, opts.warmup, opts.iters)
+        enter = [switch.stop if name.startswith("mpi4py") else switch.start for name in peers]
+        times = time_in_blocks(list(peers.values()), comm, opts.warmup, opts.iters,
+                               opts.block, enter)
+        switch.start()
         oks = []
         for run in peers.values():
             reset()
@@ -130,23 +136,22 @@ def run_fusion_benchmark(opts: FusionOptions, out: TextIO | None = None) -> dict
         ranks = comm.Get_size()
     finally:
         comm.Free()
-        if started_here:
-            dlcomm.shutdown()
+        switch.stop()
     figures = {name: {**summarize_times(times[k]), "check": "OK" if ok[k] else "FAIL"}
                for k, name in enumerate(peers)}
     base = figures[BASELINE]["median_s"]
     base_index = list(peers).index(BASELINE)
     for k, fig in enumerate(figures.values()):
         fig["vs_concatenated"] = fig["median_s"] / base
-        # per-iteration ratio, median: pairs the peers under the same momentary load
+        # per-iteration ratio, median: pairs the peers' i-th iterations (neighbouring blocks)
         fig["vs_concatenated_paired"] = float(np.median(times[k] / times[base_index]))
     result = {
         "benchmark": "fusion", "ranks": ranks, "tensors": opts.tensors,
         "tensor_bytes": (opts.tensor_bytes // np.dtype(opts.dtype).itemsize)
         * np.dtype(opts.dtype).itemsize,
         "dtype": np.dtype(opts.dtype).name, "warmup": opts.warmup, "iters": opts.iters,
-        "timing": "median over iterations of the slowest rank's time; each iteration starts "
-                  "after a barrier; peers interleaved",
+        "timing": timing_text(opts.block, switch.raw_peer_engine),
+        "raw_peer_engine": switch.raw_peer_engine, "block": opts.block,
         "command": opts.argv, "emulate": os.environ.get("DLCOMM_EMULATE", ""),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine, "load_average_end": load_average(),

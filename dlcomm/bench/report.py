@@ -326,17 +326,17 @@ INTRO = """\
 How to read these tables (DESIGN.md, "Measuring"):
 
 - Every figure is a ratio against a peer measured **in the same run**: the raw mpi4py call
-  (`comm.Allreduce` and friends) on the same buffers, iterations interleaved with dlcomm's so
-  both see the same load.
+  (`comm.Allreduce` and friends) on the same buffers. The peers alternate in blocks of 5
+  iterations (each block after its warm-up), so both see nearly the same load; dlcomm's engine
+  is shut down during the raw peer's blocks, because even idle it runs a small negotiation
+  round every few ms, which slowed raw `Allreduce` by about 15% on the emulated network.
 - Time: each iteration starts after a barrier; an iteration's time is the slowest rank's; the
   table shows the **median** over iterations.
 - algbw = bytes / time; busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather,
   reduce-scatter and all-to-all, x 1 for broadcast (nccl-tests' definitions). GB/s = 10^9 B/s.
 - "dlcomm / mpi4py time" is the ratio of the medians; above 1 means dlcomm is slower. "paired
-  ratio" is the median over iterations of dlcomm's time over the raw call's time in the same
-  iteration: it pairs the peers under the same momentary load, the steadier of the two here.
-- The raw peer runs while dlcomm's engine thread idles in the background (one tiny
-  negotiation round every few ms), as it would in a program that uses both.
+  ratio" is the median over i of dlcomm's i-th time over the raw call's i-th time (taken in
+  neighbouring blocks): it pairs the peers under nearly the same load.
 - "check" compares each peer's result with a numpy reference (OK / FAIL).
 - Commands are shown with the console scripts `dlcommrun` and `dlcomm`; the report runs the
   same modules (`python -m dlcomm.launcher.dlcommrun`, `python -m dlcomm.cli.main`) with

@@ -3,6 +3,8 @@
 Each iteration starts after a barrier, so all ranks begin together; an iteration's time is
 the slowest rank's (a collective is done when its last rank is done), and the figure
 reported is the median over iterations, which a noisy shared machine disturbs least.
+Peers are timed interleaved (``time_interleaved``) or in alternating blocks
+(``time_in_blocks``, which can start and stop dlcomm's engine between blocks).
 """
 from __future__ import annotations
 
@@ -51,6 +53,49 @@ def time_interleaved(ops: Sequence[Callable[[], Any]], comm: Any, warmup: int, i
             elapsed = time.perf_counter() - start
             if i >= warmup:
                 local[k, i - warmup] = elapsed
+    slowest = np.empty_like(local)
+    from mpi4py import MPI
+
+    comm.Allreduce(local, slowest, op=MPI.MAX)
+    return slowest
+
+
+def time_in_blocks(ops: Sequence[Callable[[], Any]], comm: Any, warmup: int, iters: int,
+                   block: int = 5, enter: Sequence[Callable[[], Any] | None] | None = None
+                   ) -> np.ndarray:
+    """Time several operations in alternating blocks: ``block`` iterations of op 0, then of
+    op 1, ..., repeated until each op has ``iters`` timed iterations.
+
+    ``enter[k]``, if given, runs (untimed) before each block of op ``k``, followed by
+    ``warmup`` untimed iterations: it is how a benchmark starts dlcomm's engine for dlcomm's
+    blocks and stops it for the raw peer's, so the raw peer never shares the process with an
+    idle engine thread. Blocks keep the peers close in time on a machine whose load drifts.
+    Returns ``(len(ops), iters)`` slowest-rank times in seconds, as ``time_interleaved``.
+    """
+    check_counts(warmup, iters)
+    ops = list(ops)
+    if not ops or not all(callable(op) for op in ops):
+        raise TypeError("ops must be a non-empty list of callables")
+    if isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 1:
+        raise ValueError(f"block must be a positive int, got {block!r}")
+    enter = list(enter) if enter is not None else [None] * len(ops)
+    if len(enter) != len(ops):
+        raise ValueError(f"got {len(enter)} enter callbacks for {len(ops)} ops")
+    local = np.empty((len(ops), iters), dtype=np.float64)
+    done = 0
+    while done < iters:
+        count = min(block, iters - done)
+        for k, op in enumerate(ops):
+            if enter[k] is not None:
+                enter[k]()
+            for i in range(warmup + count):
+                comm.Barrier()
+                start = time.perf_counter()
+                op()
+                elapsed = time.perf_counter() - start
+                if i >= warmup:
+                    local[k, done + i - warmup] = elapsed
+        done += count
     slowest = np.empty_like(local)
     from mpi4py import MPI
 

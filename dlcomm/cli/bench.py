@@ -51,6 +51,12 @@ def _count(minimum: int):  # noqa: ANN202 - an argparse type function
     return parse
 
 
+def _add_block(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--block", type=_count(1), default=5, metavar="N",
+                   help="peers alternate in blocks of N timed iterations, each after the "
+                   "warm-up; dlcomm's engine is stopped for the raw peer's blocks (default 5)")
+
+
 def _add_collective(actions: argparse._SubParsersAction, collective: str) -> None:
     from dlcomm.bench.peers import DTYPES, OPS
 
@@ -77,6 +83,7 @@ def _add_collective(actions: argparse._SubParsersAction, collective: str) -> Non
                    help="reduction (allreduce and reducescatter only; default sum)")
     p.add_argument("-r", "--root", type=_count(0), default=0,
                    help="broadcast's root rank (default 0)")
+    _add_block(p)
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
     p.add_argument("--plot", metavar="PNG", help="draw busbw against size (rank 0)")
     p.set_defaults(func=run_collective, collective=collective)
@@ -96,6 +103,7 @@ def _add_fusion(actions: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--iters", type=_count(1), default=20, metavar="N",
                    help="timed iterations; the median is reported (default 20)")
     p.add_argument("-d", "--dtype", default="float32", choices=("float32", "float64"))
+    _add_block(p)
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
     p.set_defaults(func=run_fusion)
 
@@ -160,7 +168,7 @@ def run_collective(args: argparse.Namespace) -> int:
 
     sizes = args.sizes or size_range(args.minbytes, args.maxbytes, args.stepfactor)
     opts = CollectiveOptions(args.collective, sizes, args.warmup, args.iters, args.dtype,
-                             args.op, args.root, _argv())
+                             args.op, args.root, args.block, _argv())
     opts.validate()
     return main_collective(opts, args.json, args.plot)
 
@@ -170,7 +178,7 @@ def run_fusion(args: argparse.Namespace) -> int:
     from dlcomm.bench.fusion import FusionOptions, main_fusion
 
     opts = FusionOptions(args.tensors, args.tensor_bytes, args.warmup, args.iters,
-                         args.dtype, _argv())
+                         args.dtype, args.block, _argv())
     opts.validate()
     return main_fusion(opts, args.json)
 
