@@ -1,0 +1,56 @@
+"""``dlcomm.tensorflow``: a drop-in for ``horovod.tensorflow`` (``import dlcomm.tensorflow as
+hvd``), eager and inside ``tf.function``; Keras lives in ``dlcomm.tensorflow.keras``."""
+from dlcomm.basics import (
+    add_process_set,
+    cross_rank,
+    cross_size,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    shutdown,
+    size,
+)
+from dlcomm.errors import DLCommError, MismatchError, ShutdownError, StallError
+from dlcomm.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.tensorflow.compression import Compression, Compressor
+from dlcomm.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from dlcomm.tensorflow.gradient_tape import DistributedGradientTape
+from dlcomm.tensorflow.mpi_ops import (
+    allgather,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    grouped_allreduce,
+    join,
+    reducescatter,
+)
+
+
+def __getattr__(name: str):  # Keras loads on first use: `hvd.DistributedOptimizer`
+    if name == "DistributedOptimizer":
+        from dlcomm.tensorflow.keras.optimizer import DistributedOptimizer
+
+        return DistributedOptimizer
+    raise AttributeError(f"module 'dlcomm.tensorflow' has no attribute {name!r}")
+
+
+__all__ = [
+    "Adasum", "Average", "Compression", "Compressor", "DLCommError", "DistributedGradientTape",
+    "DistributedOptimizer", "Max", "Min", "MismatchError", "ProcessSet", "Product",
+    "ReduceOp", "ShutdownError", "StallError", "Sum", "add_process_set", "allgather",
+    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
+    "broadcast_variables", "cross_rank", "cross_size", "global_process_set",
+    "grouped_allreduce", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
+    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
+    "reducescatter", "remove_process_set", "shutdown", "size",
+]

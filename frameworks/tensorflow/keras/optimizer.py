@@ -1,0 +1,132 @@
+"""Keras 3 ``DistributedOptimizer``: gradients are averaged over ranks before they are applied.
+
+Keras 3's ``Model.fit`` (TensorFlow backend) calls ``optimizer.apply_gradients``, which calls
+``optimizer.apply(grads, variables)``; user loops call either. The wrapper overrides
+``apply``: it all-reduces the gradients (one trip to the core, see ``gradient_allreduce``)
+and hands them to the wrapped optimizer's own ``apply``, so clipping, weight decay, loss
+scaling and EMA see the averaged gradients, as in Horovod. With
+``backward_passes_per_step=N`` gradients are summed locally in optimizer variables and
+all-reduced and applied every N-th call only.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from dlcomm.ops import Average, ReduceOp
+from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.tensorflow.gradient_allreduce import GradientAllreducer
+from dlcomm.tensorflow.tensor_bridge import not_converted
+
+
+class _Settings:
+    """What the wrapper adds to the optimizer (kept off Keras' attribute tracking)."""
+
+    def __init__(self, allreducer: GradientAllreducer, passes: int,
+                 average_aggregated: bool) -> None:
+        self.allreducer = allreducer
+        self.passes = passes
+        self.average_aggregated = average_aggregated
+        self.accumulators: list[Any] = []
+        self.local_step: Any = None
+
+
+class _DistributedOptimizer:
+    """Methods copied into a subclass of the wrapped optimizer's class (see the factory)."""
+
+    def build(self, variables: Any) -> None:
+        super(self.__class__, self).build(variables)
+        s = self._dlcomm
+        if s.passes > 1 and not s.accumulators:
+            s.accumulators = [self.add_variable_from_reference(v, name="dlcomm_accumulator")
+                              for v in variables]
+            s.local_step = self.add_variable((), initializer="zeros", dtype="int64",
+                                             name="dlcomm_local_step")
+
+    @not_converted
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        base = super(self.__class__, self)
+        s = self._dlcomm
+        grads = list(grads)
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError("call apply(grads, trainable_variables) the first time, or "
+                                 "optimizer.build(trainable_variables) before")
+            variables = list(self._trainable_variables)
+        else:
+            variables = list(trainable_variables)
+        if s.passes == 1:
+            return base.apply(s.allreducer(grads, variables), variables)
+        if not self.built:
+            self.build(variables)
+        index = {self._var_key(v): i for i, v in enumerate(self._trainable_variables)}
+        accs = [s.accumulators[index[self._var_key(v)]] for v in variables]
+        for acc, g in zip(accs, grads):
+            if g is not None:
+                acc.assign_add(tf.cast(tf.convert_to_tensor(g), acc.dtype))
+        s.local_step.assign_add(1)
+
+        def reduce_and_apply() -> tf.Tensor:
+            scale = 1.0 / s.passes if s.average_aggregated else 1.0
+            summed = [None if g is None else tf.convert_to_tensor(a) * scale
+                      for a, g in zip(accs, grads)]
+            base.apply(s.allreducer(summed, variables), variables)
+            for acc in accs:
+                acc.assign(tf.zeros_like(tf.convert_to_tensor(acc)))
+            return tf.constant(True)
+
+        tf.cond(tf.equal(tf.math.floormod(tf.convert_to_tensor(s.local_step), s.passes), 0),
+                reduce_and_apply, lambda: tf.constant(False))
+        return None
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+                         device_dense: str = "", device_sparse: str = "",
+                         compression: Any = None, sparse_as_dense: bool = False,
+                         gradient_predivide_factor: float = 1.0, op: ReduceOp = Average,
+                         backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None, process_set: ProcessSet = global_process_set
+                         ) -> keras.optimizers.Optimizer:
+    """A copy of ``optimizer`` (same class and config) that averages gradients over ranks.
+
+    Arguments follow ``horovod.tensorflow.keras.DistributedOptimizer``. ``compression``:
+    ``Compression.none``/``fp16``, a dlcomm compressor (``Compression.lookup("topk")`` or a
+    spec string) or None for ``DLCOMM_COMPRESSION``. ``backward_passes_per_step`` sums that
+    many local gradients before one all-reduce (divided by it when
+    ``average_aggregated_gradients``). ``device_*`` are accepted for compatibility.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"optimizer must be a keras.optimizers.Optimizer instance, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise TypeError("a LossScaleOptimizer (mixed precision) is not supported: each rank "
+                        "would skip non-finite steps on its own, so the ranks could diverge")
+    if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
+            or backward_passes_per_step < 1):
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got "
+                         f"{backward_passes_per_step!r}")
+    if not isinstance(average_aggregated_gradients, bool):
+        raise TypeError(f"average_aggregated_gradients must be a bool, got "
+                        f"{average_aggregated_gradients!r}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, got {type(name).__name__}")
+    allreducer = GradientAllreducer(compression, op, gradient_predivide_factor, sparse_as_dense,
+                                    num_groups, groups, process_set, prefix="keras")
+    if optimizer.built:
+        warnings.warn("DistributedOptimizer copies the optimizer from its config: the state "
+                      "of this already built optimizer (moments, iterations) is not carried "
+                      "over. Wrap the optimizer before training.", stacklevel=2)
+    namespace = {k: v for k, v in _DistributedOptimizer.__dict__.items()
+                 if k not in ("__dict__", "__weakref__")}
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), namespace)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    wrapped = cls.from_config(config)
+    wrapped._dlcomm = _Settings(allreducer, backward_passes_per_step,
+                                average_aggregated_gradients)
+    return wrapped

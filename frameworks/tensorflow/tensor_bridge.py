@@ -1,0 +1,91 @@
+"""How a TensorFlow tensor reaches the numpy core, eagerly and from inside ``tf.function``.
+
+Eagerly, a tensor's host buffer is handed to the core as a numpy array and the result wrapped
+back as a tensor. In a graph (``tf.function``, Keras ``fit``) the same Python code runs as one
+``tf.numpy_function`` op: TensorFlow calls back into Python with numpy arrays when the op
+executes. That costs a host copy per tensor and the GIL, and the graph cannot overlap the
+collective with other ops (see docs/tensorflow.md). ``numpy_function`` ops are stateful, so
+``tf.function``'s automatic control dependencies run them in program order on every rank.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+# dtypes the core moves (the reducible ones plus bool); bfloat16 travels as float32
+_MOVABLE = (tf.int8, tf.uint8, tf.int16, tf.uint16, tf.int32, tf.uint32, tf.int64, tf.uint64,
+            tf.float16, tf.float32, tf.float64, tf.bool)
+_REDUCIBLE = tuple(d for d in _MOVABLE if d != tf.bool)
+_graph_counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+# The adapter's Python runs as is inside tf.function: its branches are on Python values.
+not_converted = tf.autograph.experimental.do_not_convert
+
+
+def as_tensor(value: Any, what: str = "tensor", reducible: bool = False) -> tf.Tensor:
+    """``value`` as a tf.Tensor of a dtype the core can move; TypeError naming the problem."""
+    if isinstance(value, tf.IndexedSlices):
+        raise TypeError(f"{what} is a tf.IndexedSlices; only allreduce takes sparse gradients "
+                        "(or pass sparse_as_dense=True)")
+    try:
+        tensor = tf.convert_to_tensor(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{what} must be a tf.Tensor, a tf.Variable or convertible to one, "
+                        f"got {type(value).__name__}: {exc}") from None
+    allowed = _REDUCIBLE if reducible else _MOVABLE
+    if tensor.dtype != tf.bfloat16 and tensor.dtype not in allowed:
+        names = ", ".join(sorted(d.name for d in allowed))
+        raise TypeError(f"{what} has dtype {tensor.dtype.name}, which dlcomm cannot "
+                        f"{'reduce' if reducible else 'move'}; supported: {names}, bfloat16")
+    return tensor
+
+
+def call_core(fn: Callable[[list[np.ndarray]], Sequence[np.ndarray]],
+              inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType],
+              out_shapes: Sequence[Any]) -> list[tf.Tensor]:
+    """Run ``fn`` (numpy arrays in, numpy arrays out) on ``inputs``.
+
+    Eagerly it is a plain call; in a graph it becomes one ``tf.numpy_function`` op whose
+    outputs get ``out_shapes`` (a ``None`` dimension where the size is only known at run
+    time). bfloat16 tensors are cast to float32 for the core and back after.
+    """
+    wire = [tf.float32 if t.dtype == tf.bfloat16 else t.dtype for t in inputs]
+    casted = [tf.cast(t, w) if t.dtype != w else t for t, w in zip(inputs, wire)]
+    wire_out = [tf.float32 if d == tf.bfloat16 else d for d in out_dtypes]
+
+    def body(*arrays: np.ndarray) -> list[np.ndarray]:
+        results = fn([np.asarray(a) for a in arrays])
+        return [np.asarray(r, dtype=d.as_numpy_dtype) for r, d in zip(results, wire_out)]
+
+    if tf.executing_eagerly():
+        outs = [tf.convert_to_tensor(r) for r in body(*[t.numpy() for t in casted])]
+    else:
+        outs = tf.numpy_function(body, casted, wire_out, stateful=True, name="dlcomm_core")
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        for out, shape in zip(outs, out_shapes):
+            out.set_shape(shape)
+    return [tf.cast(o, d) if o.dtype != d else o for o, d in zip(outs, out_dtypes)]
+
+
+def collective_name(kind: str, name: str | None) -> str | None:
+    """The request name: the user's, or in a graph one fixed when the graph is traced.
+
+    Eagerly ``None`` lets the core number unnamed calls in call order. In a graph the name
+    must not depend on run-time order, so it is ``<kind>.<graph name>.<n>`` with ``n`` the
+    op's position among this graph's collectives: the same on every rank that traces the
+    same function, and the same each time the graph runs.
+    """
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be a non-empty str or None, got {name!r}")
+        return name
+    if tf.executing_eagerly():
+        return None
+    graph = tf.compat.v1.get_default_graph()
+    counter = _graph_counters.setdefault(graph, itertools.count())
+    return f"{kind}.{graph.name}.{next(counter)}"
