@@ -81,7 +81,7 @@ DLC_API int64_t dlc_ef_select_f64(const double* grad, const double* residual, in
 namespace dlc {
 
 // Elements below which kernels stay on one thread (thread start-up costs more).
-constexpr int64_t kParallelMin = int64_t(1) << 16;
+constexpr int64_t kParallelMin = int64_t(1) << 18;
 int threads_for(int64_t n);
 bool simd_enabled();
 

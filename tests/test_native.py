@@ -19,7 +19,7 @@ needs_library = pytest.mark.skipif(
     not native.available(), reason=f"native library not in use: {native.load_error()}"
 )
 SETTINGS = settings(max_examples=60, deadline=None)
-BIG = (1 << 17) + 13  # above the OpenMP threshold, not a multiple of 8 or 64
+BIG = (1 << 18) + 13  # above the OpenMP threshold, not a multiple of 8 or 64
 FLOATS = {np.float16: np.uint16, np.float32: np.uint32, np.float64: np.uint64}
 
 
