@@ -108,6 +108,30 @@ KNOBS: tuple[Knob, ...] = (
     Knob("hierarchical_ranks_per_host", 0, lambda t: int(t),
          "Force groups of this many consecutive ranks as 'hosts' (0: shared-memory split).",
          where="HierarchicalAllreduce"),
+    Knob("schedule", "wfbp", str,
+         "When DistributedOptimizer all-reduces gradients: wfbp (each as backward produces "
+         "it), mgwfbp (merged by a measured cost model), dear (reduce-scatter in backward, "
+         "all-gather in the next forward), none (after backward). See docs/schedules.md.",
+         where="DistributedOptimizer"),
+    Knob("dear_bucket_size", 4 << 20, parse_bytes,
+         "Bytes of gradients fused into one reduce-scatter/all-gather by schedule=dear.",
+         where="DistributedOptimizer"),
+    Knob("autotune", False, parse_bool,
+         "Tune fusion_threshold and cycle_time online by Bayesian optimisation of the "
+         "measured step time (rank 0 decides, all ranks apply); needs optuna.",
+         where="DistributedOptimizer"),
+    Knob("autotune_log", "", str,
+         "File rank 0 appends one JSON line per autotune sample to. Empty: no log.",
+         where="DistributedOptimizer"),
+    Knob("autotune_warmup_steps", 3, lambda t: int(t),
+         "Optimizer steps the autotuner ignores before measuring.",
+         where="DistributedOptimizer"),
+    Knob("autotune_steps_per_sample", 10, _positive_int,
+         "Optimizer steps timed for each candidate setting (their median is its cost).",
+         where="DistributedOptimizer"),
+    Knob("autotune_max_samples", 20, _positive_int,
+         "Candidate settings tried before the best is kept for the rest of the run.",
+         where="DistributedOptimizer"),
 )
 
 # Knobs read where they are used (compression, collectives), not by init().

@@ -236,14 +236,20 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          compression: Any = None, backward_passes_per_step: int = 1,
                          op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: ProcessSet = global_process_set) -> torch.optim.Optimizer:
+                         process_set: ProcessSet = global_process_set,
+                         schedule: str | None = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are averaged over ranks before each step.
 
     ``compression``: ``Compression.none``/``fp16``, a dlcomm compressor
     (``Compression.lookup("topk:ratio=0.01")`` or its spec string), or None to follow
     ``DLCOMM_COMPRESSION`` (default none). ``num_groups`` splits the parameters into that many
-    fused groups; ``groups`` lists them explicitly (lists of parameters).
+    fused groups; ``groups`` lists them explicitly (lists of parameters). ``schedule``:
+    ``wfbp``, ``mgwfbp``, ``dear`` or ``none`` (see docs/schedules.md), None to follow
+    ``DLCOMM_SCHEDULE`` (default wfbp).
     """
+    from dlcomm.torch.schedules import make_scheduled_optimizer, resolve_schedule
+
+    schedule = resolve_schedule(schedule)
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -265,6 +271,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if compression is not NoneCompressor and sparse_as_dense is False and any(
             p.is_sparse for p in all_params):
         raise ValueError("compression is not supported for sparse parameters")
+    if schedule != "wfbp":
+        return make_scheduled_optimizer(
+            schedule, optimizer, named_parameters, compression=compression,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, groups=group_list,
+            sparse_as_dense=sparse_as_dense, process_set=process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,

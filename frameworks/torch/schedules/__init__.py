@@ -1,0 +1,68 @@
+"""All-reduce schedules of ``dlcomm.torch.DistributedOptimizer``: when gradients travel.
+
+* ``wfbp`` (default): each gradient is all-reduced as soon as backward produces it
+  (``dlcomm.torch.optimizer``);
+* ``mgwfbp``: as wfbp, but layers are merged into fewer messages by MG-WFBP's rule on a
+  measured alpha-beta cost model and profiled backward times (``mgwfbp.py``);
+* ``dear``: reduce-scatter during backward, all-gather and per-bucket update during the
+  next forward (``dear.py``);
+* ``none``: one grouped all-reduce after backward, no overlap: the baseline (``baseline.py``).
+
+``DistributedOptimizer(..., schedule=None)`` follows ``DLCOMM_SCHEDULE``.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+SCHEDULES = ("wfbp", "mgwfbp", "dear", "none")
+DEFAULT_SCHEDULE = "wfbp"
+
+
+def resolve_schedule(schedule: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """The schedule name to use: ``schedule``, else ``DLCOMM_SCHEDULE``, else ``wfbp``.
+
+    Case-insensitive; an unknown name raises ``ValueError`` listing the valid ones.
+    """
+    if schedule is None:
+        env = os.environ if environ is None else environ
+        schedule = env.get("DLCOMM_SCHEDULE", "") or DEFAULT_SCHEDULE
+        source = "DLCOMM_SCHEDULE"
+    else:
+        source = "schedule="
+    if not isinstance(schedule, str):
+        raise TypeError(f"schedule must be a str (one of {', '.join(SCHEDULES)}) or None, "
+                        f"got {type(schedule).__name__}")
+    name = schedule.strip().lower()
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r} ({source}); valid: "
+                         f"{', '.join(SCHEDULES)}")
+    return name
+
+
+def make_scheduled_optimizer(schedule: str, optimizer: torch.optim.Optimizer,
+                             named_parameters: Any, **kwargs: Any) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` with the ``mgwfbp``, ``dear`` or ``none`` schedule.
+
+    ``kwargs`` are the validated arguments of ``DistributedOptimizer``: ``compression``
+    (resolved), ``backward_passes_per_step``, ``op``, ``gradient_predivide_factor``,
+    ``groups`` (lists of parameters or None), ``sparse_as_dense``, ``process_set``.
+    """
+    from dlcomm.torch.optimizer import _parameter_names
+    from dlcomm.torch.schedules.base import build
+    from dlcomm.torch.schedules.baseline import NoOverlapSchedule
+    from dlcomm.torch.schedules.dear import DeARSchedule
+    from dlcomm.torch.schedules.mgwfbp import MGWFBPSchedule
+
+    mixins = {"mgwfbp": MGWFBPSchedule, "dear": DeARSchedule, "none": NoOverlapSchedule}
+    if schedule not in mixins:
+        raise ValueError(f"make_scheduled_optimizer builds {', '.join(mixins)}; got "
+                         f"{schedule!r} (wfbp is DistributedOptimizer's own path)")
+    names = _parameter_names(named_parameters, optimizer.param_groups)
+    return build(mixins[schedule], optimizer, names=names, **kwargs)
+
+
+__all__ = ["DEFAULT_SCHEDULE", "SCHEDULES", "make_scheduled_optimizer", "resolve_schedule"]
