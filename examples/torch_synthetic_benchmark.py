@@ -96,6 +96,9 @@ def run(framework: str, args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    # MPI is initialised by mpi4py before any framework, so Horovod (which finalises MPI at
+    # shutdown only when it initialised it) leaves MPI usable for the next framework.
+    from mpi4py import MPI  # noqa: F401
     results = [run(f.strip(), args) for f in args.framework.split(",") if f.strip()]
     if not results[0]:
         return
