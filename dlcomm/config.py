@@ -99,6 +99,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("compress_1d", False, parse_bool,
          "Compress 1-D tensors (biases, norms) too; by default they go dense.",
          where="get_compressor"),
+    Knob("native", True, parse_bool,
+         "Use the C++ kernels of native/ (float16/bfloat16 casts and sums, sign packing, "
+         "fused error-feedback selection); 0 falls back to numpy.", where="import"),
+    Knob("native_threads", 0, lambda t: int(t),
+         "OpenMP threads of the native kernels (0: cores divided by ranks on the host).",
+         where="dlcomm.native.set_num_threads"),
+    Knob("build_native", True, parse_bool,
+         "Build the native kernels during pip install (0 skips; numpy is used instead).",
+         where="setup.py"),
     Knob("allreduce_algorithm", "native", str,
          "All-reduce algorithm of dlcomm.collectives: native (MPI's own), ring, rhd, tree, "
          "hierarchical (see docs/collectives.md).", where="get_allreduce_algorithm"),
