@@ -163,7 +163,7 @@ def section_allreduce_shm(ctx: ReportContext) -> Section:
     """All-reduce bandwidth table on shared memory, dlcomm against raw mpi4py, and a plot."""
     title = f"All-reduce on shared memory ({ctx.np} ranks, one machine)"
     args = (["-b", "4K", "-e", "64K", "-f", "16", "-w", "1", "-n", "2"] if ctx.quick
-            else ["-b", "4K", "-e", "64M", "-f", "4", "-w", "2", "-n", "15"])
+            else ["-b", "4K", "-e", "64M", "-f", "4", "-w", "1", "-n", "10"])
     job = run_job(ctx, bench_argv(ctx, ["allreduce", *args], ctx.workdir / "ar_shm.json"),
                   ctx.workdir / "ar_shm.json")
     if not job.ok:
@@ -181,7 +181,7 @@ def section_latency(ctx: ReportContext) -> Section:
     """Issue 2's figures: one 4 KiB and one 64 MiB all-reduce, more iterations."""
     title = f"Single-tensor all-reduce: 4 KiB and 64 MiB ({ctx.np} ranks, shared memory)"
     args = (["--sizes", "4K,64K", "-w", "1", "-n", "2"] if ctx.quick
-            else ["--sizes", "4K,64M", "-w", "3", "-n", "50"])
+            else ["--sizes", "4K,64M", "-w", "1", "-n", "40", "--block", "10"])
     job = run_job(ctx, bench_argv(ctx, ["allreduce", *args], ctx.workdir / "latency.json"),
                   ctx.workdir / "latency.json")
     if not job.ok:
@@ -198,7 +198,8 @@ def section_fusion(ctx: ReportContext) -> Section:
 
     title = f"Tensor fusion: many small async all-reduces ({ctx.np} ranks, shared memory)"
     args = (["--tensors", "20", "-w", "1", "-n", "2"] if ctx.quick
-            else ["--tensors", "200", "--tensor-bytes", "40000", "-w", "3", "-n", "30"])
+            else ["--tensors", "200", "--tensor-bytes", "40000", "-w", "1", "-n", "30",
+                  "--block", "10"])
     job = run_job(ctx, bench_argv(ctx, ["fusion", *args], ctx.workdir / "fusion.json"),
                   ctx.workdir / "fusion.json")
     if not job.ok:
@@ -225,7 +226,7 @@ def section_collectives_shm(ctx: ReportContext) -> Section:
     """All-gather, reduce-scatter, broadcast and all-to-all on shared memory, short ranges."""
     title = f"Other collectives on shared memory ({ctx.np} ranks)"
     args = (["--sizes", "64K", "-w", "1", "-n", "2"] if ctx.quick
-            else ["-b", "64K", "-e", "16M", "-f", "16", "-w", "2", "-n", "10"])
+            else ["-b", "64K", "-e", "16M", "-f", "16", "-w", "1", "-n", "10"])
     parts, ok = [], True
     for collective in ("allgather", "reducescatter", "broadcast", "alltoall"):
         path = ctx.workdir / f"{collective}_shm.json"
@@ -261,7 +262,7 @@ def section_allreduce_emulated(ctx: ReportContext) -> Section:
     if why_not:
         return Section(title, f"Skipped: {why_not}. See docs/emulated_cluster.md.\n")
     args = (["-b", "4K", "-e", "64K", "-f", "16", "-w", "1", "-n", "2"] if ctx.quick
-            else ["-b", "4K", "-e", "64M", "-f", "4", "-w", "1", "-n", "8"])
+            else ["-b", "4K", "-e", "64M", "-f", "4", "-w", "1", "-n", "6", "--block", "3"])
     path = ctx.workdir / "ar_emulated.json"
     argv = bench_argv(ctx, ["allreduce", *args], path, emulate=EMULATED_SPEC)
     for _ in range(EMULATION_BUSY_RETRIES):
@@ -326,10 +327,11 @@ INTRO = """\
 How to read these tables (DESIGN.md, "Measuring"):
 
 - Every figure is a ratio against a peer measured **in the same run**: the raw mpi4py call
-  (`comm.Allreduce` and friends) on the same buffers. The peers alternate in blocks of 5
-  iterations (each block after its warm-up), so both see nearly the same load; dlcomm's engine
-  is shut down during the raw peer's blocks, because even idle it runs a small negotiation
-  round every few ms, which slowed raw `Allreduce` by about 15% on the emulated network.
+  (`comm.Allreduce` and friends) on the same buffers. The peers alternate in blocks of
+  iterations (`--block`, each block after its warm-up), so both see nearly the same load;
+  dlcomm's engine is shut down during the raw peer's blocks, because even idle it runs a small
+  negotiation round every few ms, which slowed raw `Allreduce` by about 15% on the emulated
+  network.
 - Time: each iteration starts after a barrier; an iteration's time is the slowest rank's; the
   table shows the **median** over iterations.
 - algbw = bytes / time; busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather,
