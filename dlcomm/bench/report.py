@@ -31,8 +31,8 @@ EMULATED_SPEC = "4x1gbit"
 MODULE_LAUNCHER = "dlcomm.launcher.dlcommrun"  # the dlcommrun console script
 MODULE_CLI = "dlcomm.cli.main"  # the dlcomm console script
 JOB_TIMEOUT_S = 600.0
-EMULATION_BUSY_RETRIES = 6
-EMULATION_BUSY_WAIT_S = 20.0
+EMULATION_BUSY_RETRIES = 40
+EMULATION_BUSY_WAIT_S = 8.0  # others run emulated jobs too: catch a gap between them
 
 
 @dataclass
