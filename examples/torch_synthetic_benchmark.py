@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="none, fp16, or a dlcomm compressor spec (dlcomm only)")
     p.add_argument("--fusion-threshold", default=None, help="bytes (dlcomm only; "
                    "for Horovod set HOROVOD_FUSION_THRESHOLD)")
+    p.add_argument("--schedule", default=None,
+                   help="wfbp, mgwfbp, dear or none (dlcomm only; default DLCOMM_SCHEDULE)")
     p.add_argument("--json", default=None, help="rank 0 writes the results here")
     return p.parse_args(argv)
 
@@ -66,8 +68,9 @@ def run(framework: str, args: argparse.Namespace) -> dict:
         compression = hvd.Compression.lookup(args.compression)
     else:
         raise SystemExit(f"--compression {args.compression} is dlcomm-only")
+    extra = {"schedule": args.schedule} if framework == "dlcomm" else {}
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   compression=compression)
+                                   compression=compression, **extra)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     data = torch.randn(args.batch_size, 3, 32, 32)
     target = torch.randint(0, 10, (args.batch_size,))
@@ -82,10 +85,13 @@ def run(framework: str, args: argparse.Namespace) -> dict:
     for _ in range(args.num_iters):
         t = timeit.timeit(step, number=args.num_batches_per_iter)
         rates.append(args.batch_size * args.num_batches_per_iter / t)
+    if hasattr(opt, "flush"):  # schedule=dear: apply the last step's updates
+        opt.flush()
     per_rank = statistics.median(rates)
     total = hvd.allreduce(torch.tensor([per_rank]), name=f"{framework}.rate", op=hvd.Sum).item()
     result = {"framework": framework, "model": args.model, "ranks": hvd.size(),
               "batch_size": args.batch_size, "compression": args.compression,
+              "schedule": args.schedule,
               "per_rank_samples_per_s": per_rank, "total_samples_per_s": total,
               "parameters": sum(p.numel() for p in model.parameters())}
     is_root = hvd.rank() == 0
