@@ -39,3 +39,8 @@ knobs-doc:
 
 clean:
 	rm -rf build *.egg-info .pytest_cache
+
+# TensorFlow (docs/tensorflow.md): tensorflow-cpu 2.21.0 with Keras 3 into the active Python
+# (the `tensorflow` extra). tests/test_tensorflow_multirank.py fails under CI=true without it.
+install-tensorflow: install-mpi
+	$(PIP) install -q -e '.[tensorflow]'

@@ -42,7 +42,11 @@ setup(
         # torch 2.13.0 is the CPU build that lies on this machine's disk; a bare "torch"
         # pulls a multi-GB CUDA build from PyPI.
         "torch": ["torch==2.13.0", "scikit-learn", "tqdm", "mlxtend"],
-        "tensorflow": ["tensorflow"],
+        # tensorflow-cpu 2.21.0 (Keras 3.x): the CPU build (~250 MB, lies on this machine's disk;
+        # "tensorflow" is a second, larger download). The adapter moves every tensor through
+        # host memory, so the GPU build would gain nothing; 2.21.0 is the version whose Keras 3
+        # optimizer (apply/build) the DistributedOptimizer is tested against.
+        "tensorflow": ["tensorflow-cpu==2.21.0", "keras>=3,<4", "scikit-learn", "mlxtend"],
         "mxnet": ["mxnet==1.9.1"],
         "cupy": ["cupy-cuda12x", "nvidia-nccl-cu12"],
         # cupy + nvidia-nccl-cu12 let the tests exchange a real NCCL unique id without a GPU.
