@@ -42,8 +42,8 @@ def check_ndarray(tensor: Any, what: str = "tensor") -> Any:
     if tensor.stype != "default":
         raise ValueError(f"{what} is a sparse NDArray (stype {tensor.stype!r}); pass "
                          "tensor.tostype('default')")
-    if tensor.context.device_type not in _CPU_DEVICES:
-        raise ValueError(f"{what} is on {tensor.context}; dlcomm's MXNet adapter moves CPU "
+    if tensor.ctx.device_type not in _CPU_DEVICES:
+        raise ValueError(f"{what} is on {tensor.ctx}; dlcomm's MXNet adapter moves CPU "
                          "NDArrays only (copy it with tensor.as_in_context(mx.cpu()))")
     if np.dtype(tensor.dtype).names is not None:  # MXNet's bfloat16 is a structured dtype
         raise TypeError(f"{what} has dtype bfloat16, which dlcomm's MXNet adapter does not "
@@ -73,7 +73,7 @@ def write_back(tensor: Any, array: np.ndarray) -> Any:
 
 def new_ndarray(array: np.ndarray, like: Any) -> Any:
     """A new NDArray holding ``array``, on ``like``'s context, of the same kind as ``like``."""
-    out = mx.nd.array(array, ctx=like.context, dtype=array.dtype)
+    out = mx.nd.array(array, ctx=like.ctx, dtype=array.dtype)
     if array.ndim == 0:  # mx.nd.array gives 0-d input one dimension
         out = out.reshape(())
     if isinstance(like, mx.np.ndarray):
