@@ -44,3 +44,30 @@ clean:
 # (the `tensorflow` extra). tests/test_tensorflow_multirank.py fails under CI=true without it.
 install-tensorflow: install-mpi
 	$(PIP) install -q -e '.[tensorflow]'
+
+# MXNet (docs/mxnet.md): MXNet 1.9.1, the last release, needs numpy < 2, so its tests and
+# example run in their own environment (MXNET_VENV) while the rest of dlcomm stays on
+# current numpy. The venv holds numpy 1.23 (the last with numpy.bool, so `import mxnet` works
+# in any order), mxnet, mpi4py, the test tools, scikit-learn (the example's digits) and dlcomm
+# itself (editable; native kernels already built in the tree are used, not rebuilt).
+# Set CI=1 to make a missing MXNet fail the tests instead of skipping them.
+MXNET_VENV ?= .venv-mxnet
+MXNET_PYTHON := $(MXNET_VENV)/bin/python
+
+.PHONY: install-mxnet test-mxnet demo-mxnet
+
+$(MXNET_PYTHON):
+	$(PYTHON) -m venv $(MXNET_VENV)
+	@echo '*' > $(MXNET_VENV)/.gitignore
+
+install-mxnet: install-mpi $(MXNET_PYTHON)
+	$(MXNET_PYTHON) -m pip install -q --upgrade pip
+	$(MXNET_PYTHON) -m pip install -q 'numpy==1.23.5' 'mxnet==1.9.1' 'mpi4py>=3.1' \
+	  'pytest>=7' pytest-timeout hypothesis scikit-learn
+	DLCOMM_BUILD_NATIVE=0 $(MXNET_PYTHON) -m pip install -q --no-deps -e .
+
+test-mxnet: install-mxnet
+	$(MXNET_PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests/test_mxnet*.py $(PYTEST_ARGS)
+
+demo-mxnet: install-mxnet
+	$(MXNET_VENV)/bin/dlcommrun -np 2 $(MXNET_PYTHON) examples/gluon_mnist.py
