@@ -15,7 +15,7 @@ import numpy as np
 
 MXNET_VERSION = "1.9.1"
 INSTALL_HINT = ("MXNet 1.9.1 needs numpy < 2: run `make install-mxnet` (a separate "
-                "environment, .venv-mxnet, with numpy 1.26 and mxnet 1.9.1) and use its python")
+                "environment, .venv-mxnet, with numpy 1.23.5 and mxnet 1.9.1) and use its python")
 
 
 def numpy_major_minor() -> tuple[int, int]:
