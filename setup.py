@@ -3,7 +3,7 @@ the ``dlcommrun`` and ``dlcomm`` console scripts, and optional native kernels.""
 import os
 import sys
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 # native/build_native.py: the optional C++ kernels (dlcomm._native), built when g++ is there.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "native"))
@@ -14,25 +14,30 @@ ADAPTERS = {
     "dlcomm.tensorflow": "frameworks/tensorflow",
     "dlcomm.mxnet": "frameworks/mxnet",
 }
-CORE = [
-    "dlcomm",
-    "dlcomm.comm",
-    "dlcomm.engine",
-    "dlcomm.compression",
-    "dlcomm.collectives",
-    "dlcomm.sync",
-    "dlcomm.launcher",
-    "dlcomm.cli",
-    "dlcomm.bench",
-]
+
+
+def packages() -> tuple[list[str], dict[str, str]]:
+    """Every package under dlcomm/, and every adapter (with its sub-packages) under its name."""
+    found = ["dlcomm"] + [f"dlcomm.{p}" for p in find_packages("dlcomm")]
+    package_dir = {"": "."}
+    for name, folder in ADAPTERS.items():
+        found.append(name)
+        package_dir[name] = folder
+        for sub in find_packages(folder):
+            found.append(f"{name}.{sub}")
+            package_dir[f"{name}.{sub}"] = f"{folder}/{sub.replace('.', '/')}"
+    return found, package_dir
+
+
+PACKAGES, PACKAGE_DIR = packages()
 
 setup(
     name="dlcomm",
     version="0.1.0",
-    description="Horovod-style data-parallel training that is fast when communication is the bottleneck",
+    description="Horovod-style data-parallel training, fast when communication is the bottleneck",
     python_requires=">=3.9",
-    packages=CORE + list(ADAPTERS),
-    package_dir={"": ".", **ADAPTERS},
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
     install_requires=[
         "numpy>=1.23",
         # mpi4py 4 ships wheels that load the system's libmpi at run time.
@@ -51,7 +56,10 @@ setup(
         "cupy": ["cupy-cuda12x", "nvidia-nccl-cu12"],
         # cupy + nvidia-nccl-cu12 let the tests exchange a real NCCL unique id without a GPU.
         "test": ["pytest>=7", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "tqdm",
-                 "mlxtend", "cupy-cuda12x", "nvidia-nccl-cu12"],
+                 "mlxtend", "cupy-cuda12x", "nvidia-nccl-cu12", "optuna>=4,<6"],
+        # Bayesian optimisation for DLCOMM_AUTOTUNE (GPSampler needs optuna >= 3.6;
+        # scikit-optimize is archived).
+        "autotune": ["optuna>=4,<6"],
         "bench": ["matplotlib"],
     },
     ext_modules=native_extensions(),

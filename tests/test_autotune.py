@@ -1,6 +1,7 @@
 """Autotuning of fusion_threshold/cycle_time: the Bayesian search converges on a synthetic
 cost, the tuner's sample/agree/apply cycle, settings reach the engine, and a 2-rank run
 where every rank ends with the same tuned settings as rank 0's log."""
+import dataclasses
 import json
 import types
 
@@ -85,6 +86,13 @@ def test_autotuner_samples_applies_and_keeps_the_best(tmp_path):
 def test_apply_settings_changes_what_the_engine_reads():
     engine = types.SimpleNamespace(config=load_config(env={}),
                                    executor=types.SimpleNamespace(fusion_threshold=64 * MIB))
+
+    def set_tunables(threshold, cycle):  # the real one is a negotiated request
+        engine.config = dataclasses.replace(engine.config, fusion_threshold=threshold,
+                                            cycle_time=cycle)
+        engine.executor.fusion_threshold = threshold
+
+    engine.set_tunables = set_tunables
     apply_settings(engine, 8 * MIB, 2.5)
     assert current_settings(engine) == (8 * MIB, 2.5)
     assert engine.config.fusion_threshold == 8 * MIB

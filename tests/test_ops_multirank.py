@@ -190,3 +190,27 @@ def test_single_rank_job(tmp_path):
 def test_join_with_uneven_data(np_, tmp_path):
     proc = run_mpi(np_, JOIN_SCRIPT, tmp_path, timeout=120)
     assert proc.stdout.count("OK") == np_, proc.stdout
+
+
+TUNABLES_SCRIPT = r'''
+import numpy as np
+import dlcomm as hvd
+
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+engine = hvd.basics.state().engine
+engine.set_tunables(1024, 0.5)  # collective: applied at the same point everywhere
+assert engine.executor.fusion_threshold == 1024 and engine.config.cycle_time == 0.5
+hs = [hvd.allreduce_async(np.full(100, float(r)), name=f"t{i}", op=hvd.Sum) for i in range(20)]
+assert all((hvd.synchronize(h) == sum(range(n))).all() for h in hs)
+try:
+    engine.set_tunables(2048 + r, 0.5)
+except hvd.MismatchError as exc:
+    assert "arguments differs" in str(exc), exc
+    print(f"OK {r}", flush=True)
+'''
+
+
+def test_tunables_change_everywhere_at_once(tmp_path):
+    proc = run_mpi(3, TUNABLES_SCRIPT, tmp_path, timeout=120)
+    assert proc.stdout.count("OK") == 3, proc.stdout

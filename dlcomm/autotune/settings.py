@@ -8,7 +8,6 @@ optimizer steps).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 
@@ -26,9 +25,7 @@ def apply_settings(engine: Any, fusion_threshold: int, cycle_time: float) -> Non
     if isinstance(cycle_time, bool) or not isinstance(cycle_time, (int, float)) \
             or not cycle_time >= 0:
         raise ValueError(f"cycle_time must be a number >= 0 (milliseconds), got {cycle_time!r}")
-    engine.config = dataclasses.replace(engine.config, fusion_threshold=fusion_threshold,
-                                        cycle_time=float(cycle_time))
-    engine.executor.fusion_threshold = fusion_threshold
+    engine.set_tunables(fusion_threshold, float(cycle_time))
 
 
 def apply_to_running_engine(fusion_threshold: int, cycle_time: float) -> None:

@@ -9,6 +9,7 @@ until every rank that must take part has submitted it.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -53,7 +54,8 @@ class Engine:
         self.timeline = _open_timeline(config.timeline, self.rank)
         self.executor = Executor(self.rank, config.fusion_threshold, self.timeline,
                                  self.process_sets, self._add_process_set,
-                                 self._remove_process_set)
+                                 self._remove_process_set, self._apply_tunables)
+        self._tunable_requests = itertools.count()
         self.stall = StallInspector(config.stall_warning_seconds,
                                     config.stall_shutdown_seconds, self.rank)
         self._cond = threading.Condition()
@@ -82,10 +84,11 @@ class Engine:
             self._in_flight.add(request.name)
             request.handle.on_wait = self._user_waiting
             request.handle.on_done = functools.partial(self._release, request.name)
+            # Before the append: once queued, the engine thread may end this phase.
+            self.timeline.begin(request.name, "queued", {"kind": request.kind.value})
             self._queue.append(request)
             if len(self._queue) == 1:
                 self._cond.notify()
-        self.timeline.begin(request.name, "queued", {"kind": request.kind.value})
         return request.handle
 
     def _release(self, name: str) -> None:
@@ -107,6 +110,26 @@ class Engine:
         self._thread.join(timeout)
         self.timeline.close()
         self.executor.buffers.release()
+
+    def set_tunables(self, fusion_threshold: int, cycle_time: float) -> None:
+        """Change the fusion threshold (bytes) and cycle time (ms); collective on all ranks.
+
+        The change is a negotiated request, so it takes effect at the same point of the
+        global order everywhere (fusion groups must agree); ranks that ask for different
+        values get a MismatchError.
+        """
+        name = f"set_tunables.{next(self._tunable_requests)}"
+        sig = Signature(Kind.SET_TUNABLES, WORLD, extra=(int(fusion_threshold),
+                                                         float(cycle_time)))
+        self.submit(Request(name, sig)).wait()
+
+    def _apply_tunables(self, resp: Response, req: Request | None) -> None:
+        import dataclasses
+
+        threshold, cycle = resp.reference.extra
+        self.config = dataclasses.replace(self.config, fusion_threshold=threshold,
+                                          cycle_time=cycle)
+        self.executor.fusion_threshold = threshold
 
     @property
     def alive(self) -> bool:

@@ -52,7 +52,8 @@ class Executor:
     def __init__(self, rank: int, fusion_threshold: int, timeline: Any,
                  process_sets: dict[int, ProcessSetState],
                  on_add_process_set: Callable[[Response, Request | None], Any],
-                 on_remove_process_set: Callable[[Response, Request | None], Any]) -> None:
+                 on_remove_process_set: Callable[[Response, Request | None], Any],
+                 on_set_tunables: Callable[[Response, Request | None], Any]) -> None:
         self.rank = rank
         self.fusion_threshold = fusion_threshold
         self.timeline = timeline
@@ -61,6 +62,7 @@ class Executor:
         self.bytes_sent = 0  # payload bytes this rank contributed to collectives
         self._on_add = on_add_process_set
         self._on_remove = on_remove_process_set
+        self._on_set_tunables = on_set_tunables
 
     # --- dispatch ----------------------------------------------------------------------
     def run(self, responses: Sequence[Response], local: dict[str, Request]) -> None:
@@ -101,6 +103,8 @@ class Executor:
                 result = self._on_add(resp, req)
             elif resp.kind is Kind.REMOVE_PROCESS_SET:
                 result = self._on_remove(resp, req)
+            elif resp.kind is Kind.SET_TUNABLES:
+                result = self._on_set_tunables(resp, req)
             else:  # pragma: no cover - every kind is handled above
                 raise AssertionError(resp.kind)
         except Exception as exc:  # complete the handle; the engine keeps serving others

@@ -27,6 +27,7 @@ class Kind(str, enum.Enum):
     JOIN = "join"
     ADD_PROCESS_SET = "add_process_set"
     REMOVE_PROCESS_SET = "remove_process_set"
+    SET_TUNABLES = "set_tunables"
     SHUTDOWN = "shutdown"
 
 
@@ -64,7 +65,7 @@ class Signature:
             "prescale_factor": self.prescale,
             "postscale_factor": self.postscale,
             "compression": self.compression,
-            "ranks": self.extra,
+            "arguments": self.extra,
             "device": "gpu" if self.device else "host",
         }
         if self.kind in (Kind.ALLGATHER, Kind.ALLTOALL):

@@ -279,8 +279,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             sparse_as_dense=sparse_as_dense, process_set=process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, group_list, sparse_as_dense, process_set)
+    wrapped = cls(optimizer.param_groups, named_parameters, compression,
+                  backward_passes_per_step, op, gradient_predivide_factor, group_list,
+                  sparse_as_dense, process_set)
+    from dlcomm.autotune import autotuner_from_env
+
+    tuner = autotuner_from_env()  # DLCOMM_AUTOTUNE=1; safe here: step() waits for every handle
+    if tuner is not None:
+        wrapped.register_step_post_hook(lambda *_: tuner.step_finished())
+    return wrapped
 
 
 def _make_groups(num_groups: int, groups: Any, params: list[torch.Tensor]
