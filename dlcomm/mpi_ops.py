@@ -76,6 +76,8 @@ def _check_output(output: np.ndarray | None, like: np.ndarray) -> np.ndarray:
 
 
 def _check_factor(value: Any, what: str) -> float:
+    if type(value) is float or type(value) is int:  # the common case, without the ABC check
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a real number, got {type(value).__name__}")
     return float(value)
@@ -161,7 +163,9 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = No
     op = as_reduce_op(op)
     if outputs is not None and len(outputs) != len(arrays):
         raise ValueError(f"got {len(outputs)} outputs for {len(arrays)} tensors")
-    outs = [_check_output(None if outputs is None else outputs[i], a)
+    # None: the engine allocates the result (and can then skip a copy out of the fusion
+    # buffer by returning views of a fresh one).
+    outs = [None if outputs is None or outputs[i] is None else _check_output(outputs[i], a)
             for i, a in enumerate(arrays)]
     spec, compressor = _check_compression(compression, arrays)
     if compressor is not None and op not in (ReduceOp.SUM, ReduceOp.AVERAGE):

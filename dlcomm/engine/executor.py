@@ -148,6 +148,8 @@ class Executor:
         try:
             for resp, req in group:
                 assert req is not None  # joined ranks are refused for compressed requests
+                req.outputs = [np.empty_like(x) if o is None else o
+                               for x, o in zip(req.arrays, req.outputs)]
                 for i, x in enumerate(req.arrays):
                     name = resp.name if len(req.arrays) == 1 else f"{resp.name}.{i}"
                     src = x if sig.prescale == 1.0 else x * x.dtype.type(sig.prescale)
@@ -208,6 +210,8 @@ class Executor:
         try:
             exchange = self._exchange_comm(sig.process_set_id)
             results = []
+            req.outputs = [np.empty_like(x) if o is None else o
+                           for x, o in zip(req.arrays, req.outputs)]
             for i, (x, out) in enumerate(zip(req.arrays, req.outputs)):
                 name = resp.name if len(req.arrays) == 1 else f"{resp.name}.{i}"
                 src = x if sig.prescale == 1.0 else x * x.dtype.type(sig.prescale)
@@ -249,7 +253,7 @@ class Executor:
             divisor = resp.contributors if op is ReduceOp.AVERAGE else 1
             if req is None:  # this rank joined: it contributes zeros and keeps nothing
                 arrays = [np.zeros(s, dtype=dtype) for s in rsig.shapes]
-                outs = [np.empty(s, dtype=dtype) for s in rsig.shapes]
+                outs = [None] * len(arrays)
             else:
                 arrays, outs = req.arrays, req.outputs
             inputs += arrays
@@ -260,25 +264,32 @@ class Executor:
         names = [resp.name for resp, _ in group]
         try:
             if len(inputs) == 1:
+                if outputs[0] is None:
+                    outputs[0] = array_namespace(inputs[0]).empty_like(inputs[0])
                 self._allreduce_single(comm, inputs[0], outputs[0], pre[0], post[0], wire_op,
                                        names[0])
+            elif all(o is None for o in outputs):
+                outputs = self._fused_into_new(comm, inputs, pre, post, wire_op, names, dtype)
             else:
+                outputs = [array_namespace(x).empty_like(x) if o is None else o
+                           for x, o in zip(inputs, outputs)]
                 total = sum(a.size for a in inputs)
-                for n in names:
+                timed = names if self.timeline.enabled else ()
+                for n in timed:
                     self.timeline.begin(n, "fuse", {"tensors": len(inputs), "bytes":
                                                     total * dtype.itemsize})
                 buf = self.buffers.get(dtype, total, like=inputs[0])
                 offsets = fusion.pack(inputs, buf, pre)
-                for n in names:
+                for n in timed:
                     self.timeline.end(n, "fuse")
                     self.timeline.begin(n, "communicate")
                 comm.allreduce(buf, buf, wire_op)
                 self.bytes_sent += buf.nbytes
-                for n in names:
+                for n in timed:
                     self.timeline.end(n, "communicate")
                     self.timeline.begin(n, "unpack")
                 fusion.unpack(buf, outputs, offsets, post)
-                for n in names:
+                for n in timed:
                     self.timeline.end(n, "unpack")
         except Exception as exc:
             for req, _ in owners:
@@ -293,6 +304,39 @@ class Executor:
                 outs = outputs[pos:pos + count]
                 req.handle.set_result(outs if req.grouped else outs[0])
             pos += count
+
+    def _fused_into_new(self, comm: Any, inputs: list[Any], pre: list[float],
+                        post: list[float], op: ReduceOp, names: list[str],
+                        dtype: np.dtype) -> list[Any]:
+        """No caller-given outputs: reduce the packed buffer into a fresh one and return
+        views of it, which saves the unpack copy."""
+        xp = array_namespace(inputs[0])
+        total = sum(a.size for a in inputs)
+        timed = names if self.timeline.enabled else ()
+        for n in timed:
+            self.timeline.begin(n, "fuse", {"tensors": len(inputs),
+                                            "bytes": total * dtype.itemsize})
+        buf = self.buffers.get(dtype, total, like=inputs[0])
+        offsets = fusion.pack(inputs, buf, pre)
+        result = xp.empty(total, dtype=dtype)
+        for n in timed:
+            self.timeline.end(n, "fuse")
+            self.timeline.begin(n, "communicate")
+        comm.allreduce(buf, result, op)
+        self.bytes_sent += buf.nbytes
+        for n in timed:
+            self.timeline.end(n, "communicate")
+        if len(set(post)) == 1:
+            if post[0] != 1.0:
+                xp.multiply(result, post[0], out=result, casting="unsafe")
+            post = [1.0] * len(post)
+        outputs = []
+        for x, start, scale in zip(inputs, offsets, post):
+            view = result[start:start + x.size].reshape(x.shape)
+            if scale != 1.0:
+                xp.multiply(view, scale, out=view, casting="unsafe")
+            outputs.append(view)
+        return outputs
 
     def _allreduce_single(self, comm: Any, x: np.ndarray, out: np.ndarray, pre: float,
                           post: float, op: ReduceOp, name: str) -> None:

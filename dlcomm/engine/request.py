@@ -9,7 +9,7 @@ import dataclasses
 import enum
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from dlcomm.errors import DLCommError
 from dlcomm.ops import ReduceOp
@@ -37,9 +37,9 @@ CACHEABLE = frozenset({Kind.ALLREDUCE, Kind.ALLGATHER, Kind.BROADCAST, Kind.ALLT
                        Kind.REDUCESCATTER})
 
 
-@dataclasses.dataclass(frozen=True)
-class Signature:
-    """What one rank says about a named request. Hashable and cheap to pickle."""
+class Signature(NamedTuple):
+    """What one rank says about a named request. Hashable, cheap to build and to pickle
+    (a NamedTuple: requests are built on the hot path of every gradient)."""
 
     kind: Kind
     process_set_id: int
@@ -51,7 +51,7 @@ class Signature:
     postscale: float = 1.0
     compression: str = "none"
     splits: tuple[int, ...] | None = None  # alltoall: rows sent to each rank
-    extra: Any = None  # add_process_set: the ranks
+    extra: Any = None  # add_process_set: the ranks; set_tunables: the values
     device: bool = False  # True for device (CuPy) arrays, moved by NCCL
 
     def agreed_fields(self) -> dict[str, Any]:
@@ -99,11 +99,14 @@ def mismatch_message(name: str, sigs: dict[int, Signature]) -> str | None:
 class Handle:
     """Completion of an asynchronous request: ``poll()`` / ``synchronize()`` take these."""
 
-    __slots__ = ("_error", "_event", "_result", "name", "on_done", "on_wait")
+    __slots__ = ("_done", "_error", "_lock", "_result", "name", "on_done", "on_wait")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._event = threading.Event()
+        # A lock held until completion: lighter than threading.Event (one per gradient).
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
         # Called when a thread starts waiting: the engine then stops batching and runs.
@@ -112,7 +115,7 @@ class Handle:
         self.on_done: Any = None
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def set_result(self, result: Any) -> None:
         self._result = result
@@ -126,17 +129,20 @@ class Handle:
         if self.on_done is not None:
             self.on_done()
             self.on_done = None
-        self._event.set()
+        self._done = True
+        self._lock.release()
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until done; return the result or raise the request's error."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._event.is_set() and self.on_wait is not None:
-            self.on_wait()
-        # Waiting in short slices keeps Ctrl-C responsive in the main thread.
-        while not self._event.wait(0.1):
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"request '{self.name}' did not finish in {timeout}s")
+        if not self._done:
+            if self.on_wait is not None:
+                self.on_wait()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            # Waiting in short slices keeps Ctrl-C responsive in the main thread.
+            while not self._lock.acquire(timeout=0.1):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"request '{self.name}' did not finish in {timeout}s")
+            self._lock.release()  # let other waiters through
         if self._error is not None:
             if isinstance(self._error, DLCommError):
                 raise type(self._error)(str(self._error))
@@ -144,7 +150,7 @@ class Handle:
         return self._result
 
     def __repr__(self) -> str:
-        state = "done" if self.done() else "pending"
+        state = "done" if self._done else "pending"
         return f"<dlcomm.Handle '{self.name}' {state}>"
 
 
