@@ -25,8 +25,10 @@ install-test: install-mpi
 demo: install
 	dlcommrun -np $(NP) $(PYTHON) examples/torch_mnist.py --epochs 5
 
-test: install-test
-	$(PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests $(PYTEST_ARGS)
+# MXNet's tests run first, in their own numpy-1.x venv (test-mxnet); the main run skips them.
+test: install-test install-tensorflow test-mxnet
+	$(PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests \
+	  --ignore-glob='tests/test_mxnet*' $(PYTEST_ARGS)
 
 bench: install
 	$(PYTHON) -m dlcomm.cli.main bench report --output docs/benchmarks.md
@@ -39,6 +41,25 @@ knobs-doc:
 
 clean:
 	rm -rf build *.egg-info .pytest_cache
+
+# Horovod as the peer (docs/peers.md): build it from its sdist against the installed torch
+# (one line patched to C++17), then run the same workloads through Horovod and dlcomm in one
+# job, both orders, PEER_REPEATS times, and the 200 x 40 KB fusion benchmark.
+HOROVOD_VERSION ?= 0.28.1
+PEER_REPEATS ?= 3
+PEER_MODELS ?= mlp cnn
+
+bench-peers: install
+	$(PYTHON) -m dlcomm.bench.horovod_peer install-horovod --version $(HOROVOD_VERSION)
+	@uptime
+	@for model in $(PEER_MODELS); do for order in horovod,dlcomm dlcomm,horovod; do \
+	  for i in $$(seq $(PEER_REPEATS)); do \
+	    echo "== synthetic benchmark: --model $$model --framework $$order (run $$i)"; \
+	    dlcommrun -np $(NP) $(PYTHON) examples/torch_synthetic_benchmark.py \
+	      --framework $$order --model $$model || exit 1; \
+	  done; done; done
+	dlcommrun -np $(NP) $(PYTHON) -m dlcomm.bench.horovod_peer fusion
+	@uptime
 
 # TensorFlow (docs/tensorflow.md): tensorflow-cpu 2.21.0 with Keras 3 into the active Python
 # (the `tensorflow` extra). tests/test_tensorflow_multirank.py fails under CI=true without it.
