@@ -122,6 +122,24 @@ KNOBS: tuple[Knob, ...] = (
          "it), mgwfbp (merged by a measured cost model), dear (reduce-scatter in backward, "
          "all-gather in the next forward), none (after backward). See docs/schedules.md.",
          where="DistributedOptimizer"),
+    Knob("sync", "bsp", str,
+         "How DistributedOptimizer synchronises: bsp (average gradients over all ranks), "
+         "dssync:group_size=S (average parameters within shuffled groups of S), "
+         "lbbsp:global_batch=B (re-size local batches to measured speeds). See "
+         "docs/heterogeneity.md.", where="DistributedOptimizer"),
+    Knob("loss_tolerance", 0.0, _non_negative_float,
+         "Fraction of gradient elements per step that DistributedOptimizer's DLCP exchange "
+         "may leave out (lowest priority, never biases/norms/small tensors; error feedback "
+         "keeps them). 0: plain all-reduce.", where="DistributedOptimizer"),
+    Knob("dlcp_chunk_elems", 1024, _positive_int,
+         "Elements per chunk of the bounded-loss exchange (the unit of priority and loss).",
+         where="DistributedOptimizer"),
+    Knob("dlcp_channels", 4, _positive_int,
+         "Communicators the bounded-loss exchange spreads its chunks over.",
+         where="DistributedOptimizer"),
+    Knob("dlcp_min_size", 1024, _positive_int,
+         "Tensors with fewer elements are never dropped by the bounded-loss exchange.",
+         where="DistributedOptimizer"),
     Knob("dear_bucket_size", 4 << 20, parse_bytes,
          "Bytes of gradients fused into one reduce-scatter/all-gather by schedule=dear.",
          where="DistributedOptimizer"),

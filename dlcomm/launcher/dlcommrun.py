@@ -37,6 +37,8 @@ options:
   --emulate SPEC        run on an emulated cluster, e.g. 4x1gbit (4 hosts, 1 Gbit/s links);
                         '--emulate down' removes a leftover emulation and exits
   --slots-per-host N    ranks per emulated host (default 1)
+  --heterogeneity SPEC  with --emulate: slow hosts and congest links, e.g.
+                        cpu=1:0.5,congest=*:100mbit,seed=1 (docs/heterogeneity.md)
   --mpirun PATH         the mpirun to use (default: mpirun on PATH)
   --dry-run             print the mpirun command and exit
   --check-build         print the frameworks and backends dlcomm can use and exit
@@ -73,7 +75,7 @@ _HOST_OPTIONS = ("-H", "--hosts", "--host", "-host")
 _HOSTFILE_OPTIONS = ("--hostfile", "-hostfile", "--machinefile", "-machinefile")
 _VALUE_OPTIONS = (
     *_NP_OPTIONS, *_HOST_OPTIONS, *_HOSTFILE_OPTIONS,
-    "-x", "--emulate", "--slots-per-host", "--mpirun",
+    "-x", "--emulate", "--slots-per-host", "--mpirun", "--heterogeneity",
 )
 _FLAG_OPTIONS = ("--dry-run", "--check-build", "--verbose", "--version", "-h", "--help")
 
@@ -96,6 +98,7 @@ class LaunchOptions:
     mpirun_args: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
     emulate: str | None = None
+    heterogeneity: str | None = None
     slots_per_host: int = 1
     mpirun: str = "mpirun"
     dry_run: bool = False
@@ -132,6 +135,8 @@ def _apply_value(opts: LaunchOptions, option: str, value: str) -> None:
         opts.forward_env.append(value)
     elif option == "--emulate":
         opts.emulate = value
+    elif option == "--heterogeneity":
+        opts.heterogeneity = value
     elif option == "--slots-per-host":
         opts.slots_per_host = _positive_int("--slots-per-host", value)
     elif option == "--mpirun":
@@ -338,10 +343,19 @@ def _run_emulated(opts: LaunchOptions, env: dict[str, str]) -> int:
         if opts.hosts or opts.hostfile:
             return _error("--emulate places the ranks itself: drop -H/--hostfile", EXIT_USAGE)
         spec = emulate.parse_spec(opts.emulate)
+        if opts.heterogeneity:  # validate before building the cluster
+            from dlcomm.launcher.heterogeneity import heterogeneity, parse_heterogeneity
+
+            parse_heterogeneity(opts.heterogeneity, spec.hosts)
         with emulate.emulated_cluster(spec, opts.slots_per_host) as cluster:
             if opts.np is None:
                 opts.np = _slots_in_hosts(cluster.hosts_arg)
             env.update(cluster.env)
+            if opts.heterogeneity:
+                with heterogeneity(opts.heterogeneity, cluster):
+                    return _launch(opts, env, hosts=cluster.hosts_arg,
+                                   extra_args=[*cluster.mpirun_args, *opts.mpirun_args],
+                                   prefix=list(cluster.mpirun_prefix))
             return _launch(
                 opts,
                 env,
@@ -373,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if opts.emulate == "down":
         return _run_emulated(opts, dict(os.environ))
+    if opts.heterogeneity and opts.emulate is None:
+        return _error("--heterogeneity needs --emulate (it slows emulated hosts and links)",
+                      EXIT_USAGE)
     if not opts.command:
         return _error(
             "no command given: dlcommrun -np N COMMAND [ARGS...], "

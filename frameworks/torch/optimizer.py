@@ -237,7 +237,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set,
-                         schedule: str | None = None) -> torch.optim.Optimizer:
+                         schedule: str | None = None, sync: str | None = None,
+                         loss_tolerance: float = 0.0) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are averaged over ranks before each step.
 
     ``compression``: ``Compression.none``/``fp16``, a dlcomm compressor
@@ -245,7 +246,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``DLCOMM_COMPRESSION`` (default none). ``num_groups`` splits the parameters into that many
     fused groups; ``groups`` lists them explicitly (lists of parameters). ``schedule``:
     ``wfbp``, ``mgwfbp``, ``dear`` or ``none`` (see docs/schedules.md), None to follow
-    ``DLCOMM_SCHEDULE`` (default wfbp).
+    ``DLCOMM_SCHEDULE`` (default wfbp). ``sync``: ``bsp`` (default), ``dssync:group_size=S``
+    or ``lbbsp:global_batch=B``, None to follow ``DLCOMM_SYNC``; ``loss_tolerance`` > 0
+    (0 follows ``DLCOMM_LOSS_TOLERANCE``): DLCP bounded-loss exchange (docs/heterogeneity.md).
     """
     from dlcomm.torch.schedules import make_scheduled_optimizer, resolve_schedule
 
@@ -271,6 +274,23 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if compression is not NoneCompressor and sparse_as_dense is False and any(
             p.is_sparse for p in all_params):
         raise ValueError("compression is not supported for sparse parameters")
+    from dlcomm.torch.sync import make_sync_optimizer, resolve_loss_tolerance, resolve_sync
+
+    sync_mode, sync_options = resolve_sync(sync)
+    tolerance = resolve_loss_tolerance(loss_tolerance or None)
+    if sync_mode != "bsp" or tolerance > 0:
+        if schedule != "wfbp":
+            raise ValueError(f"sync={sync_mode!r}/loss_tolerance replace the all-reduce "
+                             f"schedule; drop schedule={schedule!r}")
+        return make_sync_optimizer(
+            sync_mode, sync_options, tolerance, optimizer, named_parameters,
+            default=lambda: DistributedOptimizer(
+                optimizer, named_parameters, compression, backward_passes_per_step, op,
+                gradient_predivide_factor, 0, group_list, sparse_as_dense, process_set,
+                schedule, "bsp", 0.0),
+            compression=compression, backward_passes_per_step=backward_passes_per_step,
+            op=op, gradient_predivide_factor=gradient_predivide_factor, groups=group_list,
+            sparse_as_dense=sparse_as_dense, process_set=process_set)
     if schedule != "wfbp":
         return make_scheduled_optimizer(
             schedule, optimizer, named_parameters, compression=compression,

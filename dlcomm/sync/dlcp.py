@@ -1,0 +1,314 @@
+"""DLCP-style bounded-loss gradient exchange (``loss_tolerance=p``).
+
+The flat gradient is cut into chunks at tensor boundaries, shard boundaries and every
+``chunk_elems`` elements. Rank ``r`` owns shard ``r`` and averages it (a reduce-scatter),
+then the averaged shards are all-gathered losslessly. Per destination, a sender marks as
+*droppable* its lowest-priority chunks, at most a fraction ``p`` of the elements it sends
+there; priority grows with magnitude and with nearness to the input (front layers are
+needed first). Protected tensors (biases, norms: 1-D; and tensors smaller than
+``min_size``) are never droppable. Chunks travel in priority order, spread over
+``channels`` duplicated communicators. An owner waits for every mandatory chunk, then for
+droppable ones until a deadline learned from recent exchanges; each element is averaged over
+the contributions that arrived. Receives that missed the deadline stay posted and are
+drained (completed, data discarded) at the start of the next exchange or by ``drain()``:
+every send is matched by exactly one receive. What a sender's owner did not count goes back
+into the sender's residual (error feedback: ``sent + residual == gradient + old residual``).
+With ``p = 0`` nothing is droppable and the result is a plain averaging all-reduce.
+
+This module talks to MPI through mpi4py on communicators of its own (``Dup`` of the world):
+dlcomm's core has no non-blocking point-to-point, and ``dlcomm.sync`` is part of the core.
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+HEADER_TAG = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One contiguous piece of the flat gradient: ``[start, end)`` of tensor ``layer``."""
+
+    start: int
+    end: int
+    owner: int
+    layer: int
+    protected: bool
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+@dataclasses.dataclass
+class ExchangeStats:
+    """What one exchange did: elements not counted, pending receives left to drain, times."""
+
+    lost_elements: int
+    total_elements: int  # contributions: flat length x ranks
+    pending: int
+    mandatory_s: float
+    total_s: float
+    deadline_s: float
+
+    @property
+    def lost_fraction(self) -> float:
+        return self.lost_elements / max(self.total_elements, 1)
+
+
+def plan_chunks(sizes: Sequence[int], protected: Sequence[bool], num_ranks: int,
+                chunk_elems: int) -> list[Chunk]:
+    """Cut a flat buffer of tensors (``sizes``, input layer first) into owned chunks.
+
+    Shard ``r`` is the ``r``-th of ``num_ranks`` near-equal contiguous pieces of the buffer.
+    """
+    if len(sizes) != len(protected) or not sizes:
+        raise ValueError("sizes and protected must be non-empty and of equal length")
+    if any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1 for s in sizes):
+        raise ValueError(f"tensor sizes must be positive ints, got {list(sizes)}")
+    if num_ranks < 1 or chunk_elems < 1:
+        raise ValueError("num_ranks and chunk_elems must be >= 1")
+    total = int(sum(sizes))
+    shard_bounds = [total * r // num_ranks for r in range(num_ranks + 1)]
+    chunks: list[Chunk] = []
+    pos = 0
+    for layer, (n, prot) in enumerate(zip(sizes, protected)):
+        end_t = pos + int(n)
+        while pos < end_t:
+            owner = next(r for r in range(num_ranks) if shard_bounds[r + 1] > pos)
+            end = min(end_t, pos + chunk_elems, shard_bounds[owner + 1])
+            chunks.append(Chunk(pos, end, owner, layer, bool(prot)))
+            pos = end
+    return chunks
+
+
+def droppable_mask(chunks: Sequence[Chunk], magnitudes: np.ndarray, num_layers: int,
+                   loss_tolerance: float) -> np.ndarray:
+    """Which of ``chunks`` (all bound for one owner) may be dropped: the lowest-priority
+    unprotected ones, at most ``loss_tolerance`` of their elements in all.
+
+    Priority = mean |value| x (2 - depth), depth in [0, 1] from input to output layer.
+    """
+    mask = np.zeros(len(chunks), dtype=bool)
+    budget = int(np.floor(loss_tolerance * sum(c.size for c in chunks)))
+    if budget <= 0:
+        return mask
+    depth = np.array([c.layer / max(num_layers - 1, 1) for c in chunks])
+    score = np.asarray(magnitudes, dtype=np.float64) * (2.0 - depth)
+    for i in np.argsort(score, kind="stable"):
+        c = chunks[i]
+        if c.protected or c.size > budget:
+            continue
+        mask[i] = True
+        budget -= c.size
+    return mask
+
+
+class BoundedLossExchange:
+    """Averages a flat float32 gradient over all ranks, losing at most ``loss_tolerance`` of
+    the elements per step. Construction is collective (it duplicates the communicator)."""
+
+    def __init__(self, sizes: Sequence[int], protected: Sequence[bool],
+                 loss_tolerance: float, *, chunk_elems: int = 1024, channels: int = 4,
+                 warmup: int = 3, window: int = 20, slack: float = 1.2,
+                 deadline_s: float | None = None, comm: Any = None) -> None:
+        if isinstance(loss_tolerance, bool) or not isinstance(loss_tolerance, numbers.Real):
+            raise TypeError(f"loss_tolerance must be a float, got {type(loss_tolerance).__name__}")
+        if not 0.0 <= loss_tolerance < 1.0:
+            raise ValueError(f"loss_tolerance must be in [0, 1), got {loss_tolerance}")
+        for what, v in (("chunk_elems", chunk_elems), ("channels", channels),
+                        ("window", window)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"{what} must be an int >= 1, got {v!r}")
+        if deadline_s is not None and deadline_s < 0:
+            raise ValueError(f"deadline_s must be >= 0 or None, got {deadline_s}")
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        base = MPI.COMM_WORLD if comm is None else comm
+        self.comms = [base.Dup() for _ in range(int(channels))]
+        self.rank, self.size = base.Get_rank(), base.Get_size()
+        self.p = float(loss_tolerance)
+        self.num_layers = len(sizes)
+        self.chunks = plan_chunks(sizes, protected, self.size, int(chunk_elems))
+        self.length = int(sum(sizes))
+        self.by_owner = [[c for c in self.chunks if c.owner == r] for r in range(self.size)]
+        self.shard = (self.by_owner[self.rank][0].start if self.by_owner[self.rank] else 0,
+                      self.by_owner[self.rank][-1].end if self.by_owner[self.rank] else 0)
+        self.shard_bounds = [(cs[0].start, cs[-1].end) if cs else (0, 0)
+                             for cs in self.by_owner]
+        self.warmup, self.window, self.slack = int(warmup), int(window), float(slack)
+        self.fixed_deadline = deadline_s
+        self.residual = np.zeros(self.length, dtype=np.float32)
+        self._history: list[float] = []
+        self._exchanges = 0
+        self._late: list[Any] = []  # receives past their deadline, still posted
+        self._sends: list[Any] = []  # previous exchange's sends and their buffers
+        self._send_bufs: list[np.ndarray] = []
+        self._late_bufs: list[np.ndarray] = []
+        self._delay_droppable_s = 0.0  # tests only: hold droppable sends back
+
+    # --- deadline learned from recent exchanges ------------------------------------------
+    def deadline(self) -> float:
+        """Seconds after the start of an exchange at which droppable chunks stop counting."""
+        if self.fixed_deadline is not None:
+            return self.fixed_deadline
+        if self.p == 0.0 or self._exchanges < self.warmup or not self._history:
+            return float("inf")
+        return self.slack * float(np.median(self._history[-self.window:]))
+
+    # --- the exchange ----------------------------------------------------------------------
+    def pending_requests(self) -> int:
+        """Receives and sends of earlier exchanges not yet completed."""
+        return len(self._late) + len(self._sends)
+
+    def drain(self) -> None:
+        """Complete every late receive (discarding its data) and every earlier send."""
+        MPI = self._MPI
+        if self._late:
+            MPI.Request.Waitall(self._late)
+        if self._sends:
+            MPI.Request.Waitall(self._sends)
+        self._late, self._late_bufs = [], []
+        self._sends, self._send_bufs = [], []
+
+    def close(self) -> None:
+        """Drain, then free the communicators (collective)."""
+        self.drain()
+        for c in self.comms:
+            c.Free()
+        self.comms = []
+
+    def _comm(self, index: int) -> Any:
+        return self.comms[index % len(self.comms)]
+
+    def exchange(self, flat: np.ndarray) -> tuple[np.ndarray, ExchangeStats]:
+        """Average ``flat`` (float32, 1-D, the same layout on every rank) over all ranks.
+
+        Returns the averaged buffer (a new array) and this exchange's statistics.
+        Collective: every rank calls it with its own gradient.
+        """
+        if not isinstance(flat, np.ndarray) or flat.dtype != np.float32 or flat.ndim != 1:
+            raise TypeError("flat must be a 1-D float32 numpy array")
+        if flat.size != self.length:
+            raise ValueError(f"flat has {flat.size} elements; the plan has {self.length}")
+        if not self.comms:
+            raise RuntimeError("this exchange was closed")
+        MPI = self._MPI
+        self.drain()
+        t0 = time.perf_counter()
+        acc = flat + self.residual
+        me = self.rank
+        # Post every receive first: header and chunks from every other rank.
+        mine = self.by_owner[me]
+        headers = {s: np.empty(len(mine), dtype=np.uint8) for s in range(self.size) if s != me}
+        header_reqs = [self.comms[0].Irecv(headers[s], source=s, tag=HEADER_TAG)
+                       for s in headers]
+        recv_bufs: dict[int, list[np.ndarray]] = {}
+        recv_reqs: dict[int, list[Any]] = {}
+        for s in headers:
+            recv_bufs[s] = [np.empty(c.size, dtype=np.float32) for c in mine]
+            recv_reqs[s] = [self._comm(i).Irecv(recv_bufs[s][i], source=s, tag=i + 1)
+                            for i in range(len(mine))]
+        # Send to every owner: header (1 = mandatory), then chunks in priority order.
+        sends: list[Any] = []
+        held: list[tuple[int, int, np.ndarray]] = []
+        bufs: list[np.ndarray] = []
+        my_masks: dict[int, np.ndarray] = {}
+        for o in range(self.size):
+            if o == me or not self.by_owner[o]:
+                continue
+            cs = self.by_owner[o]
+            mags = np.array([np.abs(acc[c.start:c.end]).mean() for c in cs])
+            drop = droppable_mask(cs, mags, self.num_layers, self.p)
+            my_masks[o] = drop
+            header = (~drop).astype(np.uint8)
+            bufs.append(header)
+            sends.append(self.comms[0].Isend(header, dest=o, tag=HEADER_TAG))
+            depth_order = sorted(range(len(cs)), key=lambda i: (cs[i].layer, -mags[i]))
+            by_score = sorted(range(len(cs)), key=lambda i: -mags[i] * (
+                2.0 - cs[i].layer / max(self.num_layers - 1, 1)))
+            order = [i for i in depth_order if not drop[i]] + [i for i in by_score if drop[i]]
+            for i in order:
+                data = np.ascontiguousarray(acc[cs[i].start:cs[i].end])
+                bufs.append(data)
+                if drop[i] and self._delay_droppable_s > 0:
+                    held.append((o, i, data))
+                else:
+                    sends.append(self._comm(i).Isend(data, dest=o, tag=i + 1))
+        MPI.Request.Waitall(header_reqs)
+        mandatory = [r for s in headers for i, r in enumerate(recv_reqs[s]) if headers[s][i]]
+        if mandatory:
+            MPI.Request.Waitall(mandatory)
+        t_mand = time.perf_counter() - t0
+        if held:
+            time.sleep(self._delay_droppable_s)
+            for o, i, data in held:
+                sends.append(self._comm(i).Isend(data, dest=o, tag=i + 1))
+        deadline = max(self.deadline(), t_mand)
+        optional = [(s, i) for s in headers for i in range(len(mine)) if not headers[s][i]]
+        arrived = {(s, i): bool(headers[s][i]) for s in headers for i in range(len(mine))}
+        waiting = list(optional)
+        while waiting:
+            waiting = [(s, i) for s, i in waiting if not recv_reqs[s][i].Test()]
+            for key in optional:
+                if key not in waiting:
+                    arrived[key] = True
+            if not waiting or time.perf_counter() - t0 >= deadline:
+                break
+            time.sleep(5e-5)
+        t_all = time.perf_counter() - t0
+        if not waiting and optional:
+            self._history.append(t_all)
+        elif not optional:
+            self._history.append(t_mand)
+        for s, i in waiting:  # late: keep them posted, drain next time
+            self._late.append(recv_reqs[s][i])
+            self._late_bufs.append(recv_bufs[s][i])
+        # Average each element of my shard over the contributions that arrived.
+        lo, hi = self.shard
+        total = acc[lo:hi].astype(np.float32, copy=True)
+        count = np.ones(hi - lo, dtype=np.float32)
+        arrival = np.ones((self.size, len(mine)), dtype=np.uint8)
+        for s in headers:
+            for i, c in enumerate(mine):
+                if arrived[(s, i)]:
+                    total[c.start - lo:c.end - lo] += recv_bufs[s][i]
+                    count[c.start - lo:c.end - lo] += 1
+                else:
+                    arrival[s, i] = 0
+        total /= count
+        # All-gather the averaged shards and who arrived where (lossless).
+        out = np.empty(self.length, dtype=np.float32)
+        counts = [b - a for a, b in self.shard_bounds]
+        self.comms[0].Allgatherv(total, [out, (counts, [a for a, _ in self.shard_bounds]),
+                                         MPI.FLOAT])
+        sizes = [self.size * len(cs) for cs in self.by_owner]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
+        all_arrival = np.empty(int(sum(sizes)), dtype=np.uint8)
+        self.comms[0].Allgatherv(arrival.reshape(-1), [all_arrival, (sizes, starts),
+                                                       MPI.UNSIGNED_CHAR])
+        # Error feedback: what my owners did not count stays in my residual.
+        self.residual[:] = 0.0
+        lost = 0
+        for o in range(self.size):
+            cs = self.by_owner[o]
+            matrix = all_arrival[starts[o]:starts[o] + sizes[o]].reshape(self.size, len(cs))
+            lost += int(sum(c.size for i, c in enumerate(cs)
+                            for s in range(self.size) if not matrix[s, i]))
+            if o == me:
+                continue
+            for i, c in enumerate(cs):
+                if not matrix[me, i]:
+                    self.residual[c.start:c.end] = acc[c.start:c.end]
+        self._sends, self._send_bufs = sends, bufs
+        self._exchanges += 1
+        stats = ExchangeStats(lost, self.length * self.size, self.pending_requests(),
+                              t_mand, t_all, deadline)
+        return out, stats

@@ -1,0 +1,116 @@
+"""LB-BSP for torch: gradients summed with weight ``b_i / B`` (so the sum is the full-batch
+gradient), local batch sizes re-sized after every step from measured compute speeds, and a
+batch sampler that hands out each rank's slice of one shuffled stream.
+
+The optimizer keeps the wait-free backpropagation of the default path (each gradient is
+all-reduced as backward produces it), with ``op=Sum`` and prescale ``b_i / B``. The compute
+time of an iteration is measured from the end of the previous ``step()`` to the start of this
+one (data loading, forward, backward), so time spent waiting for other ranks does not count.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from dlcomm.sync.lbbsp import BatchBalancer
+
+
+def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any,
+                         options: dict[str, Any], *, compression: Any,
+                         backward_passes_per_step: int, op: Any,
+                         gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
+                         process_set: Any) -> torch.optim.Optimizer:
+    """The default (wfbp) optimizer with LB-BSP's weighting and batch re-sizing.
+
+    ``optimizer.balancer`` is the ``BatchBalancer``; hand it to ``BalancedBatchSampler``.
+    """
+    from dlcomm.basics import rank, size
+    from dlcomm.ops import Sum
+    from dlcomm.process_sets import global_process_set
+    from dlcomm.torch.optimizer import _DistributedOptimizer
+
+    if process_set is not global_process_set:
+        raise ValueError("sync='lbbsp' balances over all ranks; process_set must be global")
+    if gradient_predivide_factor != 1.0:
+        raise ValueError("sync='lbbsp' weights gradients by b_i/B; gradient_predivide_factor "
+                         "must be 1")
+    balancer = BatchBalancer(options["global_batch"], size(), rank(),
+                             min_batch=options.get("min_batch", 1),
+                             max_batch=options.get("max_batch"),
+                             predictor=options.get("predictor", "ema"),
+                             interval=options.get("interval", 1))
+    namespace = dict(_DistributedOptimizer.__dict__)
+    namespace.update(_scales=_weighted_scales, step=_balanced_step)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), namespace)
+    wrapped = cls(optimizer.param_groups, named_parameters, compression,
+                  backward_passes_per_step, Sum, 1.0, groups, sparse_as_dense,
+                  global_process_set)
+    wrapped.balancer = balancer
+    wrapped._lb_mark = time.perf_counter()
+    wrapped.compute_seconds = []
+    return wrapped
+
+
+def _weighted_scales(self: Any) -> tuple[float, float]:
+    """Prescale ``b_i / B`` with op Sum: the summed gradient is the full-batch gradient."""
+    return self.balancer.weight, 1.0
+
+
+def _balanced_step(self: Any, closure: Any = None) -> Any:
+    """Measure this rank's compute time, synchronise and step, then re-size the batches."""
+    from dlcomm.torch.optimizer import _DistributedOptimizer
+
+    compute = max(time.perf_counter() - self._lb_mark, 1e-6)
+    self.compute_seconds.append(compute)
+    result = _DistributedOptimizer.step(self, closure)
+    self.balancer.update(self.balancer.local_batch, compute)
+    self._lb_mark = time.perf_counter()
+    return result
+
+
+class BalancedBatchSampler:
+    """Yields this rank's index batches: consecutive slices of one shuffled stream.
+
+    Each epoch draws one permutation of ``range(num_samples)`` from ``seed + epoch`` (the
+    same on every rank). Step ``t`` covers stream positions ``[t*B, (t+1)*B)``; rank ``i``
+    takes ``b_i`` of them starting at ``offset_i``, reading the balancer's current sizes when
+    the batch is drawn, so all ranks take the same number of steps and end each epoch
+    together (the last ``num_samples mod B`` samples are dropped). Use it as
+    ``DataLoader(dataset, batch_sampler=sampler)`` with ``num_workers=0`` (workers would read
+    the sizes too early).
+    """
+
+    def __init__(self, num_samples: int, balancer: BatchBalancer, seed: int = 0,
+                 shuffle: bool = True) -> None:
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        if not isinstance(balancer, BatchBalancer):
+            raise TypeError(f"balancer must be a BatchBalancer (optimizer.balancer), got "
+                            f"{type(balancer).__name__}")
+        if num_samples < balancer.global_batch:
+            raise ValueError(f"num_samples ({num_samples}) is smaller than the global batch "
+                             f"({balancer.global_batch})")
+        self.num_samples = num_samples
+        self.balancer = balancer
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the permutation of the coming epoch (call on every rank)."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.num_samples // self.balancer.global_batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = (np.random.default_rng(self.seed + self.epoch).permutation(self.num_samples)
+                 if self.shuffle else np.arange(self.num_samples))
+        b = self.balancer
+        for step in range(len(self)):
+            start = step * b.global_batch + b.offsets()[b.rank]
+            yield order[start:start + b.local_batch].tolist()
