@@ -94,7 +94,8 @@ def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle, step: int,
     if ps.size() == 1:
         return list(arrays)
     return mpi_ops.grouped_allreduce_async(
-        list(arrays), name=f"{name}.{step % cycle.cycle}", op=Average, process_set=ps,
+        # Names are matched across all ranks: the group's set id keeps groups apart.
+        list(arrays), name=f"{name}.set{ps.process_set_id}", op=Average, process_set=ps,
         outputs=list(arrays)).wait()
 
 

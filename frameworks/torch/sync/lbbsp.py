@@ -3,7 +3,7 @@ gradient), local batch sizes re-sized after every step from measured compute spe
 batch sampler that hands out each rank's slice of one shuffled stream.
 
 The optimizer keeps the wait-free backpropagation of the default path (each gradient is
-all-reduced as backward produces it), with ``op=Sum`` and prescale ``b_i / B``. The compute
+all-reduced as backward produces it), scaled by ``b_i / B`` and summed (``op=Sum``). The compute
 time of an iteration is measured from the end of the previous ``step()`` to the start of this
 one (data loading, forward, backward), so time spent waiting for other ranks does not count.
 """
@@ -44,7 +44,7 @@ def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                              predictor=options.get("predictor", "ema"),
                              interval=options.get("interval", 1))
     namespace = dict(_DistributedOptimizer.__dict__)
-    namespace.update(_scales=_weighted_scales, step=_balanced_step)
+    namespace.update(_submit=_weighted_submit, step=_balanced_step)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), namespace)
     wrapped = cls(optimizer.param_groups, named_parameters, compression,
                   backward_passes_per_step, Sum, 1.0, groups, sparse_as_dense,
@@ -55,9 +55,18 @@ def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     return wrapped
 
 
-def _weighted_scales(self: Any) -> tuple[float, float]:
-    """Prescale ``b_i / B`` with op Sum: the summed gradient is the full-batch gradient."""
-    return self.balancer.weight, 1.0
+def _weighted_submit(self: Any, params: list[torch.Tensor], name: str) -> Any:
+    """Scale the gradients by ``b_i / B`` and all-reduce them with op Sum: the sum is the
+    full-batch gradient. (The engine requires the same prescale on every rank, so the
+    rank-specific weight is applied to the gradient before submission.)"""
+    from dlcomm.torch.optimizer import _DistributedOptimizer
+
+    weight = self.balancer.weight
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(weight)
+    return _DistributedOptimizer._submit(self, params, name)
 
 
 def _balanced_step(self: Any, closure: Any = None) -> Any:
