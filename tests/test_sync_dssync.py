@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
+from mpi_run import run_mpi
 
 from dlcomm.sync.dssync import partition
-from mpi_run import run_mpi
 
 
 @pytest.mark.parametrize("n,s", [(8, 2), (8, 3), (5, 2), (4, 4), (4, 8), (1, 1)])

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mpi_run import run_mpi
 
 from dlcomm.sync.lbbsp import (
     BatchBalancer,
@@ -13,7 +14,6 @@ from dlcomm.sync.lbbsp import (
     NARXPredictor,
     allocate_batches,
 )
-from mpi_run import run_mpi
 
 
 @settings(max_examples=200, deadline=None)

@@ -128,22 +128,29 @@ def parse_heterogeneity(text: str, hosts: int | None = None) -> HeterogeneitySpe
     return HeterogeneitySpec(tuple(cpu), tuple(congest), seed, period)
 
 
-def congestion_schedule(item: LinkCongestion, seed: int, horizon_s: float
-                        ) -> list[tuple[float, float]]:
-    """(start, duration) seconds of every congested period before ``horizon_s``; a pure
-    function of ``item`` and ``seed``. Durations: Pareto (shape 1.5) with mean ``on_mean_s``;
-    gaps: exponential with mean ``off_mean_s``."""
+def iter_congestion(item: LinkCongestion, seed: int) -> Iterator[tuple[float, float]]:
+    """Endless (start, duration) seconds of congested periods; a pure function of ``item``
+    and ``seed``. Durations: Pareto (shape 1.5) with mean ``on_mean_s``; gaps: exponential
+    with mean ``off_mean_s``."""
     rng = np.random.default_rng([seed, 1, item.host])
     scale = item.on_mean_s * (PARETO_SHAPE - 1) / PARETO_SHAPE  # Pareto mean = a*xm/(a-1)
-    out: list[tuple[float, float]] = []
     t = 0.0
     while True:
         t += float(rng.exponential(item.off_mean_s))
-        if t >= horizon_s:
-            return out
         duration = float(scale * (1.0 + rng.pareto(PARETO_SHAPE)))
-        out.append((t, duration))
+        yield t, duration
         t += duration
+
+
+def congestion_schedule(item: LinkCongestion, seed: int, horizon_s: float
+                        ) -> list[tuple[float, float]]:
+    """The periods of ``iter_congestion`` that start before ``horizon_s``."""
+    out: list[tuple[float, float]] = []
+    for start, duration in iter_congestion(item, seed):
+        if start >= horizon_s:
+            return out
+        out.append((start, duration))
+    return out
 
 
 def cpu_speeds(item: CpuSlowdown, seed: int, periods: int) -> np.ndarray:
@@ -193,7 +200,7 @@ class HeterogeneityController:
         self._run(tbf_command(BRIDGE_NAMESPACE, bridge_port(host), rate_bits))
 
     def _congest(self, item: LinkCongestion) -> None:
-        for start, duration in congestion_schedule(item, self.spec.seed, 24 * 3600.0):
+        for start, duration in iter_congestion(item, self.spec.seed):
             if self._stop.wait(max(0.0, self._t0 + start - time.monotonic())):
                 return
             self._set_rate(item.host, item.rate_bits)
@@ -205,7 +212,7 @@ class HeterogeneityController:
 
     def _duty(self, item: CpuSlowdown) -> None:
         period = self.spec.period_s
-        speeds = cpu_speeds(item, self.spec.seed, 1 << 20)
+        speeds = cpu_speeds(item, self.spec.seed, 1 << 18)
         ns = host_namespace(item.host)
         pids: list[int] = []
         refreshed = -1.0
