@@ -63,6 +63,11 @@ def parse_args() -> argparse.Namespace:
                         "(default: DLCOMM_COMPRESSION, else none)")
     p.add_argument("--fusion-threshold", default=None, help="bytes, e.g. 64M")
     p.add_argument("--cycle-time", type=float, default=None, help="milliseconds")
+    p.add_argument("--sync", default=None,
+                   help="bsp, dssync:group_size=S or lbbsp (global batch = batch-size x ranks); "
+                        "default: DLCOMM_SYNC, else bsp (docs/heterogeneity.md)")
+    p.add_argument("--loss-tolerance", type=float, default=0.0,
+                   help="DLCP bounded loss: fraction of gradient elements that may be lost")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", default=None, help="rank 0 writes the summary here")
@@ -87,9 +92,18 @@ def main() -> None:
     if compression == "fp16":
         compression = hvd.Compression.fp16
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
+    sync = args.sync
+    if sync == "lbbsp":  # the global batch stays what BSP would use
+        sync = f"lbbsp:global_batch={args.batch_size * size},max_batch={args.batch_size * 4}"
     optimizer = hvd.DistributedOptimizer(optimizer,  # dlcomm
                                          named_parameters=model.named_parameters(),
-                                         compression=compression)
+                                         compression=compression, sync=sync,
+                                         loss_tolerance=args.loss_tolerance)
+    sampler = None
+    if hasattr(optimizer, "balancer"):  # LB-BSP: variable slices of one shuffled stream
+        from dlcomm.torch.sync import BalancedBatchSampler
+
+        sampler = BalancedBatchSampler(len(train_idx), optimizer.balancer, seed=args.seed)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # dlcomm
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -101,10 +115,14 @@ def main() -> None:
     sent_before = hvd.bytes_sent()
     train_time = 0.0
     steps = 0
+    epoch_times = []
     for epoch in range(args.epochs):
         model.train()
         perm = np.random.default_rng(args.seed + epoch).permutation(train_idx)
         mine = perm[rank::size][:steps_per_epoch * args.batch_size]  # equal shards
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+            batches = iter(sampler)
         bar = range(steps_per_epoch)
         if rank == 0 and not args.no_progress:
             from tqdm import tqdm
@@ -114,13 +132,18 @@ def main() -> None:
         start = time.perf_counter()
         for step in bar:
             idx = mine[step * args.batch_size:(step + 1) * args.batch_size]
+            if sampler is not None:
+                idx = train_idx[next(batches)]
             data, target = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
             optimizer.zero_grad()
             loss = F.cross_entropy(model(data), target)
             loss.backward()
             optimizer.step()
             running += loss.item()
-        train_time += time.perf_counter() - start
+        if hasattr(optimizer, "synchronize_globally"):  # DS-Sync: one model before evaluating
+            optimizer.synchronize_globally()
+        epoch_times.append(time.perf_counter() - start)
+        train_time += epoch_times[-1]
         steps += steps_per_epoch
         model.eval()
         with torch.no_grad():
@@ -154,7 +177,10 @@ def main() -> None:
                            "accuracy": stats[1].item() / n_test,
                            "samples_per_s": samples / train_time,
                            "bytes_per_step_per_rank": sent.item() / size / steps,
-                           "model_bytes": flat.numel() * 4, "identical": identical}, f)
+                           "model_bytes": flat.numel() * 4, "identical": identical,
+                           "sync": args.sync or "bsp", "loss_tolerance": args.loss_tolerance,
+                           "epoch_seconds": epoch_times,
+                           "step_seconds": train_time / steps}, f)
     hvd.shutdown()
     if not identical:
         raise SystemExit(1)
