@@ -93,8 +93,11 @@ def main() -> None:
         compression = hvd.Compression.fp16
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
     sync = args.sync
-    if sync == "lbbsp":  # the global batch stays what BSP would use
-        sync = f"lbbsp:global_batch={args.batch_size * size},max_batch={args.batch_size * 4}"
+    if sync and sync.startswith("lbbsp") and "global_batch" not in sync:
+        # the global batch stays what BSP would use; e.g. --sync lbbsp:predictor=narx
+        extra = sync.partition(":")[2]
+        sync = (f"lbbsp:global_batch={args.batch_size * size},"
+                f"max_batch={args.batch_size * 4}" + (f",{extra}" if extra else ""))
     optimizer = hvd.DistributedOptimizer(optimizer,  # dlcomm
                                          named_parameters=model.named_parameters(),
                                          compression=compression, sync=sync,
