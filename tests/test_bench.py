@@ -336,10 +336,21 @@ def test_report_rejects_unknown_sections_and_lists_them(
     assert not (tmp_path / "b.md").exists()
 
 
-def test_report_train_section_is_a_placeholder(tmp_path: Path) -> None:
-    assert report.main_report(tmp_path / "b.md", only="train") == 0
-    text = (tmp_path / "b.md").read_text()
-    assert "## Training throughput" in text and "Not measured yet" in text
+def test_train_lists_and_table() -> None:
+    from dlcomm.bench import train
+
+    assert train.parse_list("none,fp16") == ["none", "fp16"]
+    assert train.parse_list("topk:ratio=0.01,approx=1;none") == ["topk:ratio=0.01,approx=1",
+                                                                "none"]
+    with pytest.raises(ValueError, match="empty"):
+        train.parse_list(" , ")
+    rows = [{"compression": "none", "schedule": "wfbp", "one_rank_samples_per_s": 100.0,
+             "total_samples_per_s": 300.0, "scaling_efficiency": 0.75},
+            {"compression": "fp16", "schedule": "wfbp", "one_rank_samples_per_s": 100.0,
+             "total_samples_per_s": 150.0, "scaling_efficiency": 0.375}]
+    table = train.markdown_table(rows)
+    assert "| `none` | wfbp | 100.0 | 300.0 | 0.75 | 1.00x |" in table
+    assert "| `fp16` | wfbp | 100.0 | 150.0 | 0.38 | 0.50x |" in table
 
 
 # --- tiny real runs --------------------------------------------------------------------------

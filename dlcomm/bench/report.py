@@ -287,20 +287,33 @@ def section_allreduce_emulated(ctx: ReportContext) -> Section:
 
 
 def section_train(ctx: ReportContext) -> Section:
-    """Training throughput, dense against fp16: filled in once ``dlcomm bench train`` exists.
-
-    To fill it in: run ``bench_argv(ctx, ["train", ...], path)`` with ``run_job`` and turn
-    its JSON into a Markdown table here, as ``section_fusion`` does.
-    """
-    import importlib.util
+    """Training throughput of the torch adapter, dense against fp16, with scaling efficiency
+    against one rank: on shared memory, and on the emulated cluster when it is available."""
+    from dlcomm.bench.train import markdown_table, measure, plot
 
     title = "Training throughput: dense against fp16 compression"
-    exists = importlib.util.find_spec("dlcomm.bench.train") is not None
-    body = ("Not measured yet: `dlcomm bench train` (samples/s of the torch adapter for dense "
-            "and fp16-compressed gradients, with scaling efficiency against one rank) "
-            + ("exists but is not wired into this report yet.\n" if exists else
-               "arrives with the torch adapter.\n"))
-    return Section(title, body)
+    iters = 2 if ctx.quick else 5
+    command = (f"dlcomm bench train --np {ctx.np} --model mlp --configs none,fp16 "
+               f"--iters {iters}")
+    parts = []
+    runs = [("shared memory", None)]
+    if emulation_unavailable() is None:
+        runs.append((f"emulated `{EMULATED_SPEC}`", EMULATED_SPEC))
+    for where, emulate in runs:
+        load = os.getloadavg()
+        try:
+            rows = measure(ctx.np, "mlp", ["none", "fp16"], ["wfbp"], 32, iters, emulate)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            parts.append(f"### {where}\n\nFailed: {exc}\n")
+            continue
+        name = f"train_{'emulated' if emulate else 'shm'}.png"
+        plot(rows, str(ctx.assets / name))
+        cmd = command + (f" --emulate {emulate}" if emulate else "")
+        parts.append(f"### {where}\n\n    {cmd}\n\nLoad average before: {load[0]:.1f}. "
+                     f"Model `mlp` (6.3M parameters, 25 MB of gradients per step), batch 32 "
+                     f"per rank. Scaling efficiency is N-rank samples/s over N times one "
+                     f"rank's.\n\n{markdown_table(rows)}\n![{where}]({ctx.assets.name}/{name})\n")
+    return Section(title, "\n".join(parts))
 
 
 SECTIONS: dict[str, SectionFunction] = {
