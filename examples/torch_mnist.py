@@ -154,6 +154,8 @@ def main() -> None:
             correct = (model(x_test[shard]).argmax(1) == y_test[shard]).sum()
         stats = hvd.allreduce(torch.tensor([running / steps_per_epoch, float(correct)]),
                               name="epoch_stats", op=hvd.Sum)
+        if rank == 0 and hasattr(optimizer, "balancer"):
+            print(f"epoch {epoch + 1}: LB-BSP batch sizes {optimizer.balancer.batch_sizes}")
         if rank == 0:
             print(f"epoch {epoch + 1}: train loss {stats[0].item() / size:.4f}, held-out "
                   f"accuracy {stats[1].item() / n_test:.4f}", flush=True)

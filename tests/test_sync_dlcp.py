@@ -60,9 +60,9 @@ for _ in range(2):
     assert st.lost_elements == 0
 ex0.close()
 
-# p = 10%, deadline 0, droppable sends held back: they miss the deadline
+# p = 10%, deadline 0, droppable sends held back: they always miss the deadline
 ex = BoundedLossExchange(sizes, protected, 0.10, chunk_elems=32, channels=4, deadline_s=0.0)
-ex._delay_droppable_s = 0.3
+ex._hold_droppable = True  # droppable chunks leave only after every owner decided
 prot = np.concatenate([np.full(s, p) for s, p in zip(sizes, protected)])
 for step in range(3):
     g = rng.standard_normal(L).astype(np.float32)
@@ -80,9 +80,8 @@ for step in range(3):
     assert np.array_equal(ex.residual[lost_mask], acc[lost_mask])  # error feedback
     total_lost = comm.allreduce(int(lost_mask.sum()))
     assert total_lost == st.lost_elements, (total_lost, st)
-    if step == 0:
-        assert comm.allreduce(st.lost_elements) > 0, "nothing was dropped: test is vacuous"
-        assert comm.allreduce(st.pending) > 0
+    assert st.lost_elements > 0, "nothing was dropped: test is vacuous"
+    assert ex.pending_requests() > 0  # late receives wait for the next exchange's drain
 ex.drain()
 assert ex.pending_requests() == 0
 ex.close()

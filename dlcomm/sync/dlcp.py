@@ -2,10 +2,10 @@
 
 The flat gradient is cut into chunks at tensor boundaries, shard boundaries and every
 ``chunk_elems`` elements. Rank ``r`` owns shard ``r`` and averages it (a reduce-scatter),
-then the averaged shards are all-gathered losslessly. Per destination, a sender marks as
-*droppable* its lowest-priority chunks, at most a fraction ``p`` of the elements it sends
-there; priority grows with magnitude and with nearness to the input (front layers are
-needed first). Protected tensors (biases, norms: 1-D; and tensors smaller than
+then the averaged shards are all-gathered losslessly. A sender marks as *droppable* its
+lowest-priority outgoing chunks, at most a fraction ``p`` of the elements it sends;
+priority grows with magnitude and with nearness to the input (front layers are needed
+first). Protected tensors (biases, norms: 1-D; and tensors smaller than
 ``min_size``) are never droppable. Chunks travel in priority order, spread over
 ``channels`` duplicated communicators. An owner waits for every mandatory chunk, then for
 droppable ones until a deadline learned from recent exchanges; each element is averaged over
@@ -152,7 +152,7 @@ class BoundedLossExchange:
         self._sends: list[Any] = []  # previous exchange's sends and their buffers
         self._send_bufs: list[np.ndarray] = []
         self._late_bufs: list[np.ndarray] = []
-        self._delay_droppable_s = 0.0  # tests only: hold droppable sends back
+        self._hold_droppable = False  # tests only: send droppable chunks after the decision
 
     # --- deadline learned from recent exchanges ------------------------------------------
     def deadline(self) -> float:
@@ -220,14 +220,16 @@ class BoundedLossExchange:
         sends: list[Any] = []
         held: list[tuple[int, int, np.ndarray]] = []
         bufs: list[np.ndarray] = []
-        my_masks: dict[int, np.ndarray] = {}
-        for o in range(self.size):
-            if o == me or not self.by_owner[o]:
-                continue
+        owners = [o for o in range(self.size) if o != me and self.by_owner[o]]
+        out_chunks = [c for o in owners for c in self.by_owner[o]]
+        out_mags = np.array([np.abs(acc[c.start:c.end]).mean() for c in out_chunks])
+        # One budget over everything this rank sends: at most p of its elements.
+        out_drop = droppable_mask(out_chunks, out_mags, self.num_layers, self.p)
+        pos = 0
+        for o in owners:
             cs = self.by_owner[o]
-            mags = np.array([np.abs(acc[c.start:c.end]).mean() for c in cs])
-            drop = droppable_mask(cs, mags, self.num_layers, self.p)
-            my_masks[o] = drop
+            mags, drop = out_mags[pos:pos + len(cs)], out_drop[pos:pos + len(cs)]
+            pos += len(cs)
             header = (~drop).astype(np.uint8)
             bufs.append(header)
             sends.append(self.comms[0].Isend(header, dest=o, tag=HEADER_TAG))
@@ -238,7 +240,7 @@ class BoundedLossExchange:
             for i in order:
                 data = np.ascontiguousarray(acc[cs[i].start:cs[i].end])
                 bufs.append(data)
-                if drop[i] and self._delay_droppable_s > 0:
+                if drop[i] and self._hold_droppable:
                     held.append((o, i, data))
                 else:
                     sends.append(self._comm(i).Isend(data, dest=o, tag=i + 1))
@@ -247,10 +249,6 @@ class BoundedLossExchange:
         if mandatory:
             MPI.Request.Waitall(mandatory)
         t_mand = time.perf_counter() - t0
-        if held:
-            time.sleep(self._delay_droppable_s)
-            for o, i, data in held:
-                sends.append(self._comm(i).Isend(data, dest=o, tag=i + 1))
         deadline = max(self.deadline(), t_mand)
         optional = [(s, i) for s in headers for i in range(len(mine)) if not headers[s][i]]
         arrived = {(s, i): bool(headers[s][i]) for s in headers for i in range(len(mine))}
@@ -294,6 +292,9 @@ class BoundedLossExchange:
         all_arrival = np.empty(int(sum(sizes)), dtype=np.uint8)
         self.comms[0].Allgatherv(arrival.reshape(-1), [all_arrival, (sizes, starts),
                                                        MPI.UNSIGNED_CHAR])
+        # Every rank has decided once the all-gathers completed: held chunks are now late.
+        for o, i, data in held:
+            sends.append(self._comm(i).Isend(data, dest=o, tag=i + 1))
         # Error feedback: what my owners did not count stays in my residual.
         self.residual[:] = 0.0
         lost = 0

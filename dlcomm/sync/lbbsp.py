@@ -184,7 +184,9 @@ def make_predictor(name: str) -> MovingAveragePredictor | NARXPredictor:
 
 
 class BatchBalancer:
-    """Keeps the local batch sizes of all ranks; ``update`` re-sizes them every ``interval``.
+    """Keeps the local batch sizes of all ranks; ``update`` re-sizes them every ``interval``
+    iterations from each rank's speed over the interval (samples / compute seconds, summed
+    over the interval: one noisy iteration on a shared machine must not move the batches).
 
     ``batch_sizes`` is the same list on every rank (each computes it from the same gathered
     speeds). ``weight`` is this rank's ``b_i / B``: the prescale of a Sum all-reduce that
@@ -193,7 +195,7 @@ class BatchBalancer:
 
     def __init__(self, global_batch: int, num_ranks: int, rank: int, min_batch: int = 1,
                  max_batch: int | None = None, predictor: str | object = "ema",
-                 interval: int = 1) -> None:
+                 interval: int = 8) -> None:
         self.global_batch = _check_int(global_batch, "global_batch", 1)
         self.num_ranks = _check_int(num_ranks, "num_ranks", 1)
         self.rank = _check_int(rank, "rank", 0)
@@ -210,6 +212,8 @@ class BatchBalancer:
         self.batch_sizes = allocate_batches([1.0] * self.num_ranks, self.global_batch,
                                             self.min_batch, self.max_batch)
         self.iterations = 0
+        self._samples = 0.0  # this rank's samples and compute seconds in the current interval
+        self._seconds = 0.0
 
     @property
     def local_batch(self) -> int:
@@ -226,28 +230,33 @@ class BatchBalancer:
         return [0, *np.cumsum(self.batch_sizes)[:-1].astype(int).tolist()]
 
     def update_from_speeds(self, speeds: Sequence[float]) -> list[int]:
-        """Record every rank's measured speed; re-size the batches when the interval is due."""
+        """Record every rank's measured speed (one interval) and re-size the batches."""
         s = np.asarray(speeds, dtype=np.float64).reshape(-1)
         if s.size != self.num_ranks:
             raise ValueError(f"expected {self.num_ranks} speeds, got {s.size}")
         if not np.all(np.isfinite(s)) or np.any(s <= 0):
             raise ValueError(f"speeds must be finite and > 0, got {s.tolist()}")
         self.predictor.observe(s, np.asarray(self.batch_sizes, dtype=np.float64))
-        self.iterations += 1
-        if self.iterations % self.interval == 0:
-            pred = self.predictor.predict()
-            if pred is not None:
-                self.batch_sizes = allocate_batches(pred, self.global_batch, self.min_batch,
-                                                    self.max_batch)
+        pred = self.predictor.predict()
+        if pred is not None:
+            self.batch_sizes = allocate_batches(pred, self.global_batch, self.min_batch,
+                                                self.max_batch)
         return list(self.batch_sizes)
 
     def update(self, samples: int, seconds: float) -> list[int]:
-        """Share this rank's speed (``samples`` computed in ``seconds``) with all ranks via an
-        all-gather, then ``update_from_speeds``. Collective: every rank calls it each time."""
+        """Record one iteration of this rank (``samples`` computed in ``seconds``); every
+        ``interval`` iterations share the interval's speed with all ranks (all-gather) and
+        ``update_from_speeds``. Collective: every rank calls it after every iteration."""
         from dlcomm import mpi_ops
 
         if seconds <= 0 or samples < 0:
             raise ValueError(f"need samples >= 0 and seconds > 0, got {samples}, {seconds}")
-        mine = np.array([max(samples, 1) / seconds], dtype=np.float64)
+        self._samples += max(samples, 1)
+        self._seconds += seconds
+        self.iterations += 1
+        if self.iterations % self.interval:
+            return list(self.batch_sizes)
+        mine = np.array([self._samples / self._seconds], dtype=np.float64)
+        self._samples = self._seconds = 0.0
         speeds = mpi_ops.allgather(mine, name="lbbsp.speeds")
         return self.update_from_speeds(speeds)

@@ -5,7 +5,7 @@ congested clusters (see docs/heterogeneity.md):
 * ``dssync:group_size=S[,seed=0,cycle=8]``: DS-Sync, parameters averaged within shuffled
   groups of S ranks (``dssync.py``); call ``optimizer.synchronize_globally()`` before
   evaluating, checkpointing and at the end;
-* ``lbbsp:global_batch=B[,min_batch=1,max_batch=B,predictor=ema,interval=1]``: LB-BSP, local
+* ``lbbsp:global_batch=B[,min_batch=1,max_batch=B,predictor=ema,interval=8]``: LB-BSP, local
   batches re-sized every iteration; feed data with ``BalancedBatchSampler(n,
   optimizer.balancer)`` (``lbbsp.py``);
 * ``loss_tolerance=p`` (> 0): DLCP bounded-loss exchange of gradients (``dlcp.py``).

@@ -42,7 +42,7 @@ def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                              min_batch=options.get("min_batch", 1),
                              max_batch=options.get("max_batch"),
                              predictor=options.get("predictor", "ema"),
-                             interval=options.get("interval", 1))
+                             interval=options.get("interval", 8))
     namespace = dict(_DistributedOptimizer.__dict__)
     namespace.update(_submit=_weighted_submit, step=_balanced_step)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), namespace)
