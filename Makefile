@@ -27,7 +27,7 @@ demo: install
 
 # MXNet's tests run first, in their own numpy-1.x venv (test-mxnet); the main run skips them.
 test: install-test install-tensorflow test-mxnet
-	$(PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests \
+	$(PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 --durations=12 tests \
 	  --ignore-glob='tests/test_mxnet*' $(PYTEST_ARGS)
 
 bench: install

@@ -325,7 +325,7 @@ def test_an_exception_inside_the_block_still_tears_down():
 
 
 @needs_netns
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)  # the holder may first wait up to 60 s for another emulation's lock
 def test_sigterm_tears_down(tmp_path):
     script = tmp_path / "hold.py"
     script.write_text(textwrap.dedent(
