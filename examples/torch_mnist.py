@@ -173,6 +173,12 @@ def main() -> None:
         print(f"bytes sent per step: {sent.item() / size / steps / 1e3:.1f} kB per rank "
               f"(model: {flat.numel() * 4 / 1e3:.1f} kB of float32 parameters)")
         print(f"parameters identical on all {size} ranks: {'yes' if identical else 'NO'}")
+        if hasattr(optimizer, "exchange_stats"):  # DLCP: what the bounded loss did
+            st = optimizer.exchange_stats
+            print(f"bounded loss: {np.mean([s.lost_fraction for s in st]):.4%} of elements lost "
+                  f"per step on average (max {max(s.lost_fraction for s in st):.4%}), steps "
+                  f"with loss {sum(s.lost_elements > 0 for s in st)}/{len(st)}, exchange "
+                  f"{np.mean([s.total_s for s in st]) * 1e3:.1f} ms mean")
         if args.json:
             import json
 

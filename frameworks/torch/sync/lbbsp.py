@@ -76,7 +76,8 @@ def _balanced_step(self: Any, closure: Any = None) -> Any:
     compute = max(time.perf_counter() - self._lb_mark, 1e-6)
     self.compute_seconds.append(compute)
     result = _DistributedOptimizer.step(self, closure)
-    self.balancer.update(self.balancer.local_batch, compute)
+    if len(self.compute_seconds) > 1:  # the first "iteration" also timed the job's set-up
+        self.balancer.update(self.balancer.local_batch, compute)
     self._lb_mark = time.perf_counter()
     return result
 
