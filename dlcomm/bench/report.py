@@ -297,7 +297,7 @@ def section_train(ctx: ReportContext) -> Section:
                f"--iters {iters}")
     parts = []
     runs = [("shared memory", None)]
-    if emulation_unavailable() is None:
+    if not emulation_unavailable():
         runs.append((f"emulated `{EMULATED_SPEC}`", EMULATED_SPEC))
     for where, emulate in runs:
         load = os.getloadavg()
