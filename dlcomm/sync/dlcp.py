@@ -132,6 +132,11 @@ class BoundedLossExchange:
 
         self._MPI = MPI
         base = MPI.COMM_WORLD if comm is None else comm
+        from dlcomm import basics
+
+        if comm is None and basics.is_initialized() and basics.size() != base.Get_size():
+            raise ValueError("dlcomm runs on a subset of MPI_COMM_WORLD: pass comm= (the "
+                             "same ranks) to BoundedLossExchange")
         self.comms = [base.Dup() for _ in range(int(channels))]
         self.rank, self.size = base.Get_rank(), base.Get_size()
         self.p = float(loss_tolerance)
