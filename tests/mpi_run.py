@@ -57,7 +57,8 @@ def run_mpi(
         out = out.decode() if isinstance(out, bytes) else out
         err = err.decode() if isinstance(err, bytes) else err
         _kill_leftovers(path)
-        pytest.fail(f"{np}-rank job timed out after {timeout}s (a hang)\nstdout:\n{out}\nstderr:\n{err}")
+        pytest.fail(f"{np}-rank job timed out after {timeout}s (a hang)\n"
+                    f"stdout:\n{out}\nstderr:\n{err}")
     if expect_rc is not None and proc.returncode != expect_rc:
         pytest.fail(
             f"{np}-rank job exited {proc.returncode}, expected {expect_rc}\n"

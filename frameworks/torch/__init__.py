@@ -54,10 +54,12 @@ from dlcomm.torch.mpi_ops import (
     synchronize,
 )
 from dlcomm.torch.optimizer import DistributedOptimizer
+from dlcomm.torch.sync.lbbsp import BalancedBatchSampler
 from dlcomm.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = [
-    "Adasum", "Average", "Compression", "Compressor", "DLCommError", "DistributedOptimizer",
+    "Adasum", "Average", "BalancedBatchSampler", "Compression", "Compressor", "DLCommError",
+    "DistributedOptimizer",
     "Handle", "Max", "Min", "MismatchError", "ProcessSet", "Product", "ReduceOp",
     "ShutdownError", "StallError", "Sum", "SyncBatchNorm", "add_process_set", "allgather",
     "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",

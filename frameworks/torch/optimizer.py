@@ -238,7 +238,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set,
                          schedule: str | None = None, sync: str | None = None,
-                         loss_tolerance: float = 0.0) -> torch.optim.Optimizer:
+                         loss_tolerance: float | None = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are averaged over ranks before each step.
 
     ``compression``: ``Compression.none``/``fp16``, a dlcomm compressor
@@ -277,7 +277,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     from dlcomm.torch.sync import make_sync_optimizer, resolve_loss_tolerance, resolve_sync
 
     sync_mode, sync_options = resolve_sync(sync)
-    tolerance = resolve_loss_tolerance(loss_tolerance or None)
+    tolerance = resolve_loss_tolerance(loss_tolerance)  # None: DLCOMM_LOSS_TOLERANCE
     if sync_mode != "bsp" or tolerance > 0:
         if schedule != "wfbp":
             raise ValueError(f"sync={sync_mode!r}/loss_tolerance replace the all-reduce "
