@@ -1,31 +1,18 @@
 """Gradient compression for the TensorFlow adapter: Horovod's ``Compression.none``/``fp16``
 (casts done with TensorFlow ops) plus every compressor of ``dlcomm.compression`` by name
-(``Compression.lookup("topk:ratio=0.01")`` or ``Compression.topk``), which the engine runs."""
+(``Compression.lookup("topk:ratio=0.01")`` or ``Compression.topk``), which the engine runs.
+Only the fp16 cast is TensorFlow-specific; the rest is ``dlcomm.compression.adapter``."""
 from __future__ import annotations
 
 from typing import Any
 
 import tensorflow as tf
 
-from dlcomm import compression as core
+from dlcomm.compression import adapter
+from dlcomm.compression.adapter import Compressor, CoreCompressor, NoneCompressor
 
-
-class Compressor:
-    """Horovod's interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress``."""
-
-    core_spec: str | None = None  # set for compressors the engine runs (not tensor casts)
-
-    @staticmethod
-    def compress(tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        return tensor
-
-
-class NoneCompressor(Compressor):
-    """No compression."""
+__all__ = ["Compression", "Compressor", "CoreCompressor", "FP16Compressor", "NoneCompressor",
+           "resolve", "split"]
 
 
 class FP16Compressor(Compressor):
@@ -42,63 +29,13 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None else tf.cast(tensor, ctx)
 
 
-class CoreCompressor(Compressor):
-    """A compressor of ``dlcomm.compression``, run by the engine (state per tensor name)."""
-
-    def __init__(self, spec: str) -> None:
-        self.core_spec = spec
-        self.core = core.get_compressor(spec)  # validates the spec now
-
-    def fresh(self) -> CoreCompressor:
-        """A new instance with empty state (each optimizer or tape keeps its own residuals)."""
-        return CoreCompressor(self.core_spec)  # type: ignore[arg-type]
-
-    def __repr__(self) -> str:
-        return f"Compression.lookup({self.core_spec!r})"
-
-
-class _CompressionMeta(type):
-    def __getattr__(cls, name: str) -> CoreCompressor:
-        if name.startswith("_") or name not in core.available_compressors():
-            raise AttributeError(
-                f"Compression has no {name!r}; available: none, fp16, "
-                f"{', '.join(sorted(core.available_compressors()))}")
-        return CoreCompressor(name)
-
-
-class Compression(metaclass=_CompressionMeta):
-    """Compression algorithms, Horovod style: ``Compression.none``, ``Compression.fp16``,
-    ``Compression.topk`` (default parameters) or ``Compression.lookup("topk:ratio=0.01")``."""
-
-    none = NoneCompressor
-    fp16 = FP16Compressor
-
-    @staticmethod
-    def lookup(spec: str) -> type[Compressor] | CoreCompressor:
-        """The compressor for a spec string (``"none"``, ``"fp16"``, ``"powersgd:rank=4"``)."""
-        if not isinstance(spec, str):
-            raise TypeError(f"compression spec must be a str, got {type(spec).__name__}")
-        if spec == "none":
-            return NoneCompressor
-        return CoreCompressor(spec)
+Compression = adapter.make_compression(FP16Compressor)
 
 
 def resolve(compression: Any) -> type[Compressor] | Compressor:
-    """Accept a Compression member, a CoreCompressor, a spec string, or None (environment:
-    ``DLCOMM_COMPRESSION``). A CoreCompressor is copied so its residuals are the caller's own."""
-    if compression is None:
-        spec = core.compressor_from_env().describe()
-        return NoneCompressor if spec == "none" else CoreCompressor(spec)
-    if isinstance(compression, str):
-        return Compression.lookup(compression)
-    if isinstance(compression, CoreCompressor):
-        return compression.fresh()
-    if isinstance(compression, type) and issubclass(compression, Compressor):
-        return compression
-    if isinstance(compression, Compressor):
-        return compression
-    raise TypeError(f"compression must be hvd.Compression.<name>, a spec string or None, "
-                    f"got {compression!r}")
+    """Accept a Compression member, a CoreCompressor (copied, so its residuals are the
+    caller's own), a spec string, or None (``DLCOMM_COMPRESSION``)."""
+    return adapter.resolve(compression, Compression)
 
 
 def split(compression: Any) -> tuple[Any, Any]:
