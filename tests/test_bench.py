@@ -201,14 +201,9 @@ def test_cli_reports_an_inverted_range_before_starting_mpi(
     assert "smaller than" in capsys.readouterr().err
 
 
-def test_train_is_a_placeholder_until_its_module_exists(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("dlcomm.bench.train") is not None:
-        pytest.skip("dlcomm.bench.train exists: the placeholder is gone")
-    assert cli.main(["bench", "train", "--anything"]) == 2
-    assert "not yet available" in capsys.readouterr().err
+def test_train_is_registered_and_validates_its_arguments() -> None:
+    with pytest.raises(SystemExit, match="--np must be >= 1"):
+        cli.main(["bench", "train", "--np", "0"])
 
 
 # --- formatting --------------------------------------------------------------------------
