@@ -7,6 +7,7 @@ outputs (tables, JSON, report) are produced.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -374,10 +375,11 @@ print("CODES " + json.dumps(codes), flush=True)
 
 def test_tiny_real_run_checks_results_and_writes_json(tmp_path: Path) -> None:
     proc = run_mpi(2, _REAL_RUN, tmp_path, timeout=180, args=[str(tmp_path)])
-    codes_line = [ln for ln in proc.stdout.splitlines() if ln.startswith("CODES ")]
-    assert len(codes_line) == 2  # both ranks got the same exit codes
-    for line in codes_line:
-        codes = json.loads(line[6:])
+    # Found anywhere in the output: a rank's line may land mid-line of the other's output.
+    payloads = re.findall(r"CODES (\{[^{}]*\})", proc.stdout)
+    assert len(payloads) == 2, proc.stdout  # both ranks got the same exit codes
+    for payload in payloads:
+        codes = json.loads(payload)
         assert codes == {"allreduce": 0, "allgather": 0, "reducescatter": 0, "broadcast": 0,
                          "alltoall": 0, "average": 0, "fusion": 0, "wrong": 1}
     for name in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall", "avg"):
