@@ -38,7 +38,8 @@ options:
                         '--emulate down' removes a leftover emulation and exits
   --slots-per-host N    ranks per emulated host (default 1)
   --heterogeneity SPEC  with --emulate: slow hosts and congest links, e.g.
-                        cpu=1:0.5,congest=*:100mbit,seed=1 (docs/heterogeneity.md)
+                        cpu=1:0.5,congest=*:100mbit,seed=1, or slow only the compute of
+                        host 1's ranks: compute=1:0.5 (docs/heterogeneity.md)
   --mpirun PATH         the mpirun to use (default: mpirun on PATH)
   --dry-run             print the mpirun command and exit
   --check-build         print the frameworks and backends dlcomm can use and exit
@@ -343,14 +344,16 @@ def _run_emulated(opts: LaunchOptions, env: dict[str, str]) -> int:
         if opts.hosts or opts.hostfile:
             return _error("--emulate places the ranks itself: drop -H/--hostfile", EXIT_USAGE)
         spec = emulate.parse_spec(opts.emulate)
+        ranks_env: dict[str, str] = {}
         if opts.heterogeneity:  # validate before building the cluster
-            from dlcomm.launcher.heterogeneity import heterogeneity, parse_heterogeneity
+            from dlcomm.launcher.heterogeneity import heterogeneity, parse_heterogeneity, rank_env
 
-            parse_heterogeneity(opts.heterogeneity, spec.hosts)
+            ranks_env = rank_env(parse_heterogeneity(opts.heterogeneity, spec.hosts))
         with emulate.emulated_cluster(spec, opts.slots_per_host) as cluster:
             if opts.np is None:
                 opts.np = _slots_in_hosts(cluster.hosts_arg)
             env.update(cluster.env)
+            env.update(ranks_env)  # compute= stragglers are run by the ranks themselves
             if opts.heterogeneity:
                 with heterogeneity(opts.heterogeneity, cluster):
                     return _launch(opts, env, hosts=cluster.hosts_arg,

@@ -7,14 +7,20 @@ links, reproducible from a seed (``--heterogeneity SPEC``).
   for the rest. With ``JITTER`` the speed of each period is drawn uniformly from
   ``SPEED +- JITTER``. Duty cycling slows a host *relative to the others* however loaded the
   machine is; a CPU quota (cgroup ``cpu.cfs_quota_us``) caps absolute CPU time, which does
-  not bite when the machine is already oversubscribed (as ours is).
+  not bite when the machine is already oversubscribed (as ours is). It stops the engine
+  thread too, so it slows host ``H``'s communication as much as its computation.
+* ``compute=H:SPEED[:JITTER]``: only the computation of host ``H``'s ranks is slowed: not run
+  here, but handed to the ranks in ``DLCOMM_EMULATE_COMPUTE`` (``rank_env``), where
+  ``dlcomm.launcher.compute_slowdown.ComputeSlowdown`` sleeps before each forward pass that
+  the script wraps in it. SPEED in [0.05, 1]; ``*`` = every host, each with its own draws.
 * ``congest=H:RATE[:ON_S[:OFF_S]]``: host ``H``'s link (both directions; ``*`` = every host,
   each with its own schedule) drops to ``RATE`` (tc units: ``100mbit``) for periods whose
   lengths are Pareto-distributed (shape 1.5, heavy-tailed) with mean ``ON_S`` (default 1 s),
   separated by exponential gaps of mean ``OFF_S`` (default 3 s).
 * ``seed=N`` (default 0) fixes every draw; ``period=S`` sets the duty-cycle period.
 
-Items are separated by commas: ``cpu=1:0.5,congest=*:100mbit:0.5:2,seed=3``.
+Items are separated by commas: ``cpu=1:0.5,congest=*:100mbit:0.5:2,seed=3``,
+``compute=1:0.5:0.1,seed=3``.
 """
 from __future__ import annotations
 
@@ -31,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm.launcher.compute_slowdown import ENV_VAR as COMPUTE_ENV_VAR
+from dlcomm.launcher.compute_slowdown import ComputeStraggler, format_compute_env
 from dlcomm.launcher.emulate_plan import (
     BRIDGE_NAMESPACE,
     HOST_INTERFACE,
@@ -71,6 +79,7 @@ class HeterogeneitySpec:
     congest: tuple[LinkCongestion, ...]
     seed: int = 0
     period_s: float = 0.1
+    compute: tuple[ComputeStraggler, ...] = ()  # run by the ranks, not the controller
 
 
 def _host(text: str, hosts: int | None, allow_all: bool) -> list[int]:
@@ -88,12 +97,14 @@ def _host(text: str, hosts: int | None, allow_all: bool) -> list[int]:
 
 
 def parse_heterogeneity(text: str, hosts: int | None = None) -> HeterogeneitySpec:
-    """Parse ``cpu=1:0.5,congest=*:100mbit:1:3,seed=3,period=0.1`` (see module doc)."""
+    """Parse ``cpu=1:0.5,compute=2:0.5,congest=*:100mbit:1:3,seed=3,period=0.1`` (see the
+    module doc); ValueError naming the item on anything else."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("--heterogeneity needs a spec such as 'cpu=1:0.5' or "
                          "'congest=*:100mbit,seed=1'")
     cpu: list[CpuSlowdown] = []
     congest: list[LinkCongestion] = []
+    compute: list[ComputeStraggler] = []
     seed, period = 0, 0.1
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, eq, value = item.partition("=")
@@ -105,6 +116,13 @@ def parse_heterogeneity(text: str, hosts: int | None = None) -> HeterogeneitySpe
                 if not 0 < speed <= 1 or jitter < 0:
                     raise ValueError(f"cpu speed must be in (0, 1] and jitter >= 0: {item!r}")
                 cpu += [CpuSlowdown(h, speed, jitter) for h in _host(parts[0], hosts, False)]
+            elif key == "compute" and eq and 2 <= len(parts) <= 3:
+                speed = float(parts[1])
+                jitter = float(parts[2]) if len(parts) == 3 else 0.0
+                for h in _host(parts[0], hosts, True):
+                    if any(c.host == h for c in compute):
+                        raise ValueError(f"host {h} has two compute= items")
+                    compute.append(ComputeStraggler(h, speed, jitter))
             elif key == "congest" and eq and 2 <= len(parts) <= 4:
                 rate = parse_spec(f"1x{parts[1]}")
                 on = float(parts[2]) if len(parts) > 2 else 1.0
@@ -123,9 +141,17 @@ def parse_heterogeneity(text: str, hosts: int | None = None) -> HeterogeneitySpe
                 raise ValueError(f"unknown item {item!r}")
         except ValueError as exc:
             raise ValueError(f"bad --heterogeneity item {item!r}: {exc}; expected "
-                             "cpu=H:SPEED[:JITTER], congest=H|*:RATE[:ON_S[:OFF_S]], seed=N, "
-                             "period=S") from None
-    return HeterogeneitySpec(tuple(cpu), tuple(congest), seed, period)
+                             "cpu=H:SPEED[:JITTER], compute=H|*:SPEED[:JITTER], "
+                             "congest=H|*:RATE[:ON_S[:OFF_S]], seed=N, period=S") from None
+    return HeterogeneitySpec(tuple(cpu), tuple(congest), seed, period, tuple(compute))
+
+
+def rank_env(spec: HeterogeneitySpec) -> dict[str, str]:
+    """Environment the ranks need for ``spec``'s ``compute=`` items (empty without any);
+    ``DLCOMM_*`` is forwarded to every rank by ``build_mpirun_command``."""
+    if not spec.compute:
+        return {}
+    return {COMPUTE_ENV_VAR: format_compute_env(spec.compute, spec.seed)}
 
 
 def iter_congestion(item: LinkCongestion, seed: int) -> Iterator[tuple[float, float]]:
@@ -238,6 +264,9 @@ class HeterogeneityController:
     def start(self) -> None:
         """Start one thread per slowed host and per congested link."""
         self._t0 = time.monotonic()
+        for c in self.spec.compute:
+            self._log(f"host {c.host} compute at {c.speed:g} (+-{c.jitter:g}) in the ranks "
+                      f"({COMPUTE_ENV_VAR})")
         for item in self.spec.cpu:
             self._threads.append(threading.Thread(target=self._duty, args=(item,), daemon=True))
         for item in self.spec.congest:
