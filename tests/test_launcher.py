@@ -131,6 +131,25 @@ def test_root_and_oversubscribe_flags_only_when_needed() -> None:
         build_mpirun_command(1, ["x"], env={}, forward_env=["=1"])
 
 
+def test_thread_pools_sized_per_rank_unless_the_user_set_them() -> None:
+    cmd = build_mpirun_command(4, ["x"], env={}, is_root=False, cores=2)
+    assert {"OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", "MKL_NUM_THREADS=1"} <= set(cmd)
+    cmd = build_mpirun_command(2, ["x"], env={}, is_root=False, cores=8)
+    assert "OMP_NUM_THREADS=4" in cmd
+    cmd = build_mpirun_command(2, ["x"], env={"OMP_NUM_THREADS": "3"}, is_root=False, cores=8)
+    assert "OMP_NUM_THREADS" in cmd and "OMP_NUM_THREADS=4" not in cmd  # the user's, forwarded
+    cmd = build_mpirun_command(2, ["x"], env={}, is_root=False, cores=8,
+                               forward_env=["OPENBLAS_NUM_THREADS=2"])
+    assert cmd.count("OPENBLAS_NUM_THREADS=2") == 1 and "OPENBLAS_NUM_THREADS=4" not in cmd
+    # Real hosts: how many ranks share a machine is not known here, so nothing is set ...
+    cmd = build_mpirun_command(8, ["x"], env={}, is_root=False, cores=4, hosts="a:4,b:4")
+    assert not any(a.startswith("OMP_NUM_THREADS") for a in cmd)
+    # ... but emulated hosts all share this machine.
+    cmd = build_mpirun_command(4, ["x"], env={"DLCOMM_EMULATE": "4x1gbit"}, is_root=False,
+                               cores=2, hosts="h0:1,h1:1,h2:1,h3:1")
+    assert "OPENBLAS_NUM_THREADS=1" in cmd
+
+
 # --- errors ------------------------------------------------------------------------------
 
 def test_clear_errors(capsys: pytest.CaptureFixture[str]) -> None:

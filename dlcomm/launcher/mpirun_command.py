@@ -14,6 +14,12 @@ from collections.abc import Mapping, Sequence
 FORWARDED_PREFIXES = ("DLCOMM_", "OMP_", "PYTHON", "OPENBLAS_", "MKL_", "CUDA_", "NCCL_")
 FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "HOME")
 
+# Thread pools sized per rank unless the user set them: OpenMP (torch's intra-op pool),
+# OpenBLAS (numpy's matmul in the compressors) and MKL. OpenBLAS threads busy-wait, so with
+# 4 ranks x 2 default threads on 2 cores ACP-SGD's matmuls ran 2.5x slower (measured, see
+# docs/launcher.md); torchrun sets OMP_NUM_THREADS=1 for the same reason.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
 
 def local_core_count() -> int:
     """Cores this process may run on (affinity-aware), at least 1."""
@@ -21,6 +27,11 @@ def local_core_count() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - non-Linux
         return max(1, os.cpu_count() or 1)
+
+
+def threads_per_rank(ranks_on_machine: int, cores: int) -> int:
+    """Cores each of ``ranks_on_machine`` ranks gets when they share ``cores`` (at least 1)."""
+    return max(1, cores // max(1, ranks_on_machine))
 
 
 def forwarded_env_names(env: Mapping[str, str]) -> list[str]:
@@ -49,6 +60,11 @@ def build_mpirun_command(
     when running as root, and ``--oversubscribe --bind-to none`` plus
     ``mpi_yield_when_idle`` when a local job has more ranks than cores (spinning idle
     ranks otherwise starve the busy ones).
+
+    When every rank runs on this machine (no hosts, or an emulated cluster, which sets
+    ``DLCOMM_EMULATE``), ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` and ``MKL_NUM_THREADS``
+    not set by the user are passed as ``cores // np`` (at least 1), so thread pools of
+    several ranks do not oversubscribe the cores.
 
     ``forward_env`` holds the user's own ``-x`` entries (``NAME`` or ``NAME=VALUE``); they
     are passed after the automatic ones, and a name the user gave is not forwarded twice.
@@ -83,6 +99,11 @@ def build_mpirun_command(
     for name in forwarded_env_names(env):
         if name not in user_names:
             argv += ["-x", name]
+    if local_only or env.get("DLCOMM_EMULATE"):
+        threads = threads_per_rank(np, cores)
+        for name in THREAD_VARIABLES:
+            if name not in env and name not in user_names:
+                argv += ["-x", f"{name}={threads}"]
     for entry in forward_env:
         argv += ["-x", entry]
     argv += list(extra_args)
