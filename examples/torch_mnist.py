@@ -143,6 +143,7 @@ def main() -> None:
     train_time = 0.0
     steps = 0
     epoch_times = []
+    epoch_accuracy = []
     for epoch in range(args.epochs):
         model.train()
         perm = np.random.default_rng(args.seed + epoch).permutation(train_idx)
@@ -179,6 +180,7 @@ def main() -> None:
             correct = (model(x_test[shard]).argmax(1) == y_test[shard]).sum()
         stats = hvd.allreduce(torch.tensor([running / steps_per_epoch, float(correct)]),
                               name="epoch_stats", op=hvd.Sum)
+        epoch_accuracy.append(stats[1].item() / n_test)
         if rank == 0 and hasattr(optimizer, "balancer"):
             print(f"epoch {epoch + 1}: LB-BSP batch sizes {optimizer.balancer.batch_sizes}")
         if rank == 0:
@@ -219,6 +221,7 @@ def main() -> None:
                            "model": args.model, "sync": args.sync or "bsp",
                            "loss_tolerance": args.loss_tolerance,
                            "epoch_seconds": epoch_times,
+                           "epoch_accuracy": epoch_accuracy,
                            "step_seconds": train_time / steps}, f)
     hvd.shutdown()
     if not identical:
