@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,37 +58,56 @@ def run_config(np_: int, model: str, compression: str, schedule: str, batch_size
 
 
 def measure(np_: int, model: str, configs: list[str], schedules: list[str], batch_size: int,
-            iters: int, emulate: str | None = None) -> list[dict[str, Any]]:
-    """Every (compression, schedule) on one rank and on ``np_`` ranks."""
-    rows = []
-    for compression in configs:
-        for schedule in schedules:
-            single = run_config(1, model, compression, schedule, batch_size, iters)
+            iters: int, emulate: str | None = None, repeats: int = 1) -> list[dict[str, Any]]:
+    """Every (compression, schedule) on one rank and on ``np_`` ranks.
+
+    With ``repeats`` > 1 the multi-rank jobs run in rounds, every configuration once per
+    round in the same order, so slow drifts of the machine hit all of them alike; a row
+    reports the median round (and every round's figure in ``rounds``).
+    """
+    pairs = [(c, s) for c in configs for s in schedules]
+    single = {pair: run_config(1, model, *pair, batch_size, iters) for pair in pairs}
+    rounds: dict[tuple[str, str], list[float]] = {pair: [] for pair in pairs}
+    for round_index in range(repeats):
+        for compression, schedule in pairs:
             multi = run_config(np_, model, compression, schedule, batch_size, iters, emulate)
-            ideal = single["per_rank_samples_per_s"] * np_
-            rows.append({
-                "compression": compression, "schedule": schedule, "model": model,
-                "ranks": np_, "emulate": emulate or "",
-                "one_rank_samples_per_s": single["per_rank_samples_per_s"],
-                "total_samples_per_s": multi["total_samples_per_s"],
-                "per_rank_samples_per_s": multi["per_rank_samples_per_s"],
-                "scaling_efficiency": multi["total_samples_per_s"] / ideal,
-            })
-            print(f"{compression:>24} {schedule:>7}: {multi['total_samples_per_s']:8.1f} "
-                  f"samples/s on {np_} ranks, efficiency {rows[-1]['scaling_efficiency']:.2f}",
-                  flush=True)
+            rounds[(compression, schedule)].append(multi["total_samples_per_s"])
+            print(f"{compression:>24} {schedule:>7} round {round_index + 1}/{repeats}: "
+                  f"{multi['total_samples_per_s']:8.1f} samples/s on {np_} ranks", flush=True)
+    rows = []
+    for compression, schedule in pairs:
+        totals = rounds[(compression, schedule)]
+        total = statistics.median(totals)
+        one = single[(compression, schedule)]["per_rank_samples_per_s"]
+        rows.append({
+            "compression": compression, "schedule": schedule, "model": model,
+            "ranks": np_, "emulate": emulate or "", "batch_size": batch_size,
+            "one_rank_samples_per_s": one,
+            "total_samples_per_s": total,
+            "per_rank_samples_per_s": total / np_,
+            "ms_per_iteration": 1e3 * batch_size * np_ / total,
+            "rounds": totals,
+            "scaling_efficiency": total / (one * np_),
+        })
     return rows
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, with each row's speed relative to the first."""
     base = rows[0]["total_samples_per_s"]
+    spread = any(len(r.get("rounds", [])) > 1 for r in rows)
     lines = ["| compression | schedule | 1 rank (samples/s) | N ranks total (samples/s) | "
-             "scaling efficiency | vs first row |", "|---|---|---:|---:|---:|---:|"]
+             "ms per iteration | scaling efficiency | vs first row |"
+             + (" rounds (samples/s) |" if spread else ""),
+             "|---|---|---:|---:|---:|---:|---:|" + ("---|" if spread else "")]
     for r in rows:
+        ms = 1e3 * r.get("batch_size", 0) * r["ranks"] / r["total_samples_per_s"]
         lines.append(f"| `{r['compression']}` | {r['schedule']} | "
                      f"{r['one_rank_samples_per_s']:.1f} | {r['total_samples_per_s']:.1f} | "
-                     f"{r['scaling_efficiency']:.2f} | {r['total_samples_per_s'] / base:.2f}x |")
+                     f"{ms:.0f} | {r['scaling_efficiency']:.2f} | "
+                     f"{r['total_samples_per_s'] / base:.2f}x |"
+                     + (" " + ", ".join(f"{t:.0f}" for t in r["rounds"]) + " |"
+                        if spread else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -123,6 +143,8 @@ def register(actions: argparse._SubParsersAction) -> None:
                    "dear, none")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--iters", type=int, default=5, help="timed iterations per job")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of the multi-rank jobs, "
+                   "every configuration once per round; rows report the median round")
     p.add_argument("--emulate", default=None, help="run the multi-rank jobs on an emulated "
                    "cluster, e.g. 4x1gbit (needs root)")
     p.add_argument("--json", default=None)
@@ -133,9 +155,11 @@ def register(actions: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.np < 1:
         raise SystemExit("--np must be >= 1")
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
     start = time.time()
     rows = measure(args.np, args.model, parse_list(args.configs), parse_list(args.schedules),
-                   args.batch_size, args.iters, args.emulate)
+                   args.batch_size, args.iters, args.emulate, args.repeats)
     print(markdown_table(rows))
     print(f"({time.time() - start:.0f} s, load average {os.getloadavg()[0]:.1f})")
     if args.json:
