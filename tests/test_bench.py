@@ -341,12 +341,37 @@ def test_train_lists_and_table() -> None:
     with pytest.raises(ValueError, match="empty"):
         train.parse_list(" , ")
     rows = [{"compression": "none", "schedule": "wfbp", "one_rank_samples_per_s": 100.0,
-             "total_samples_per_s": 300.0, "scaling_efficiency": 0.75},
+             "total_samples_per_s": 300.0, "scaling_efficiency": 0.75, "ranks": 4,
+             "batch_size": 32, "rounds": [300.0]},
             {"compression": "fp16", "schedule": "wfbp", "one_rank_samples_per_s": 100.0,
-             "total_samples_per_s": 150.0, "scaling_efficiency": 0.375}]
+             "total_samples_per_s": 150.0, "scaling_efficiency": 0.375, "ranks": 4,
+             "batch_size": 32, "rounds": [150.0]}]
     table = train.markdown_table(rows)
-    assert "| `none` | wfbp | 100.0 | 300.0 | 0.75 | 1.00x |" in table
-    assert "| `fp16` | wfbp | 100.0 | 150.0 | 0.38 | 0.50x |" in table
+    assert "| `none` | wfbp | 100.0 | 300.0 | 427 | 0.75 | 1.00x |" in table
+    assert "| `fp16` | wfbp | 100.0 | 150.0 | 853 | 0.38 | 0.50x |" in table
+    rows[0]["rounds"], rows[1]["rounds"] = [290.0, 300.0, 310.0], [140.0, 150.0, 160.0]
+    table = train.markdown_table(rows)
+    assert "| 0.75 | 1.00x | 290, 300, 310 |" in table and "rounds (samples/s)" in table
+
+
+def test_train_rounds_alternate_configurations_and_report_the_median(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlcomm.bench import train
+
+    calls = []
+    speeds = iter([400.0, 100.0, 200.0, 300.0, 120.0, 250.0])
+
+    def fake_run(np_, model, compression, schedule, batch_size, iters, emulate=None):
+        calls.append((np_, schedule))
+        rate = 50.0 if np_ == 1 else next(speeds)
+        return {"per_rank_samples_per_s": rate, "total_samples_per_s": rate}
+
+    monkeypatch.setattr(train, "run_config", fake_run)
+    rows = train.measure(4, "mlp", ["none"], ["wfbp", "dear"], 32, 2, "4x1gbit", repeats=3)
+    multi = [schedule for np_, schedule in calls if np_ == 4]
+    assert multi == ["wfbp", "dear"] * 3  # rounds, not one configuration's repeats in a row
+    assert [r["rounds"] for r in rows] == [[400.0, 200.0, 120.0], [100.0, 300.0, 250.0]]
+    assert [r["total_samples_per_s"] for r in rows] == [200.0, 250.0]
 
 
 # --- tiny real runs --------------------------------------------------------------------------
@@ -398,3 +423,27 @@ def test_tiny_real_run_checks_results_and_writes_json(tmp_path: Path) -> None:
     wrong = json.loads((tmp_path / "wrong.json").read_text())
     assert wrong["all_ok"] is False and wrong["rows"][0]["dlcomm"]["check"] == "FAIL"
     assert "FAIL" in proc.stdout and "  OK" in proc.stdout
+
+
+def test_time_to_target_accuracy_counts_training_time_until_first_reached() -> None:
+    from dlcomm.bench.convergence import time_to_target, timed_table
+
+    dense = {"compression": "none", "epoch_seconds": [10.0, 10.0, 10.0],
+             "epoch_accuracy": [0.80, 0.91, 0.95], "step_seconds": 0.5}
+    fast = {"compression": "acpsgd:rank=8", "epoch_seconds": [4.0, 4.0, 4.0],
+            "epoch_accuracy": [0.85, 0.89, 0.92], "step_seconds": 0.2}
+    never = {"compression": "signum", "epoch_seconds": [4.0], "epoch_accuracy": [0.1],
+             "step_seconds": 0.2}
+    assert time_to_target(dense, 0.9) == 20.0
+    assert time_to_target(fast, 0.9) == 12.0
+    assert time_to_target(never, 0.9) is None
+    text = timed_table([dense, fast, never], 0.9)
+    assert "| `acpsgd:rank=8` | 200 | 2.50x | 0.850 / 0.890 / 0.920 | 12.0 | 1.67x |" in text
+    assert "| `signum` | 200 | 2.50x | 0.100 | not reached | - |" in text
+
+
+def test_convergence_rejects_a_target_outside_zero_one() -> None:
+    from dlcomm.bench.convergence import main
+
+    with pytest.raises(SystemExit):
+        main(["--target", "1.5", "--specs", "none"])
