@@ -47,9 +47,12 @@ def plot_timeline(trace: Trace, out_path: str | Path, max_rows: int = MAX_ROWS) 
             rows[key] = len(rows)
     origin = min(s.start_us for s in trace.spans)
     phases = sorted({s.phase for s in trace.spans}, key=phase_order)
-    cmap = matplotlib.colormaps["tab10"]
-    colors = {p: cmap(PHASES.index(p) if p in PHASES else len(PHASES) + i)
-              for i, p in enumerate(phases)}
+    # Engine phases keep fixed tab10 colours; other phases (the training loop's
+    # forward/backward/step from timeline_range) get distinct colours of their own.
+    engine_colors, other_colors = matplotlib.colormaps["tab10"], matplotlib.colormaps["Dark2"]
+    others = [p for p in phases if p not in PHASES]
+    colors = {p: engine_colors(PHASES.index(p)) if p in PHASES
+              else other_colors(others.index(p) % other_colors.N) for p in phases}
 
     height = min(40.0, 1.5 + 0.3 * len(rows))
     fig, ax = plt.subplots(figsize=(12, height))
@@ -61,7 +64,8 @@ def plot_timeline(trace: Trace, out_path: str | Path, max_rows: int = MAX_ROWS) 
                 if s.phase == phase and row is not None:
                     bars.setdefault(row, []).append(((s.start_us - origin) / 1e3, s.dur_us / 1e3))
             for row, ranges in bars.items():
-                ax.broken_barh(ranges, (row - 0.4, 0.8), facecolors=colors[phase])
+                ax.broken_barh(ranges, (row - 0.4, 0.8), facecolors=colors[phase],
+                               edgecolor="white", linewidth=0.4)
         for _, _, ts in trace.instants:
             ax.axvline((ts - origin) / 1e3, color="0.6", linewidth=0.5, linestyle=":")
         labels = [f"r{rank} {name}" if several_ranks else name for rank, name in rows]
