@@ -44,6 +44,7 @@ from dlcomm.mpi_ops import (
 )
 from dlcomm.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.training_timeline import timeline_range
 
 __version__ = "0.1.0"
 
@@ -57,4 +58,5 @@ __all__ = [
     "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
     "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
     "reducescatter_async", "remove_process_set", "shutdown", "size", "synchronize",
+    "timeline_range",
 ]

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import statistics
 import timeit
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -75,10 +76,18 @@ def run(framework: str, args: argparse.Namespace) -> dict:
     data = torch.randn(args.batch_size, 3, 32, 32)
     target = torch.randint(0, 10, (args.batch_size,))
 
+    # dlcomm: forward/backward/step appear on the "(training)" row of DLCOMM_TIMELINE's trace,
+    # next to each tensor's communication, so a plot shows what overlaps.
+    mark = hvd.timeline_range if framework == "dlcomm" else (lambda name: nullcontext())
+
     def step() -> None:
         opt.zero_grad()
-        F.cross_entropy(model(data), target).backward()
-        opt.step()
+        with mark("forward"):
+            loss = F.cross_entropy(model(data), target)
+        with mark("backward"):
+            loss.backward()
+        with mark("step"):
+            opt.step()
 
     timeit.timeit(step, number=args.num_warmup_batches)
     rates = []

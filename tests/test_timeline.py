@@ -265,3 +265,29 @@ def test_args_that_json_cannot_encode_are_converted(tmp_path: Path) -> None:
         tl.end("g", "compress")
     (span,) = [e for e in json.loads((tmp_path / "t.json").read_text()) if e["ph"] == "X"]
     assert span["args"] == {"k": 7, "ratio": 0.5, "dtype": "float32"}
+
+
+def test_timeline_range_marks_training_spans_next_to_communication(tmp_path: Path) -> None:
+    pattern = str(tmp_path / "tl.{rank}.json")
+    run_mpi(2, """
+        import numpy as np
+        import dlcomm
+        dlcomm.init()
+        for _ in range(2):
+            with dlcomm.timeline_range("backward"):
+                out = dlcomm.allreduce(np.ones(4, np.float32), name="grad")
+        try:
+            with dlcomm.timeline_range(""):
+                pass
+        except ValueError as exc:
+            assert "non-empty" in str(exc)
+        else:
+            raise AssertionError("empty name accepted")
+        dlcomm.shutdown()
+    """, tmp_path, timeout=120, env={"DLCOMM_TIMELINE": pattern})
+    trace = json.loads((tmp_path / "tl.0.json").read_text())
+    rows = {e["tid"]: e["args"]["name"] for e in trace
+            if e.get("ph") == "M" and e["name"] == "thread_name"}
+    spans = [(rows[e["tid"]], e["name"]) for e in trace if e.get("ph") == "X"]
+    assert spans.count(("(training)", "backward")) == 2
+    assert ("grad", "communicate") in spans

@@ -56,6 +56,7 @@ from dlcomm.torch.mpi_ops import (
 from dlcomm.torch.optimizer import DistributedOptimizer
 from dlcomm.torch.sync.lbbsp import BalancedBatchSampler
 from dlcomm.torch.sync_batch_norm import SyncBatchNorm
+from dlcomm.training_timeline import timeline_range
 
 __all__ = [
     "Adasum", "Average", "BalancedBatchSampler", "Compression", "Compressor", "DLCommError",
@@ -70,5 +71,5 @@ __all__ = [
     "grouped_allreduce_async_", "init", "is_homogeneous", "is_initialized", "join",
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async",
-    "remove_process_set", "shutdown", "size", "synchronize",
+    "remove_process_set", "shutdown", "size", "synchronize", "timeline_range",
 ]
