@@ -85,6 +85,8 @@ def parse_args() -> argparse.Namespace:
                         "(default: DLCOMM_COMPRESSION, else none)")
     p.add_argument("--fusion-threshold", default=None, help="bytes, e.g. 64M")
     p.add_argument("--cycle-time", type=float, default=None, help="milliseconds")
+    p.add_argument("--schedule", default=None, choices=["wfbp", "mgwfbp", "dear", "none"],
+                   help="all-reduce schedule (default: DLCOMM_SCHEDULE, else wfbp)")
     p.add_argument("--sync", default=None,
                    help="bsp, dssync:group_size=S or lbbsp (global batch = batch-size x ranks); "
                         "default: DLCOMM_SYNC, else bsp (docs/heterogeneity.md)")
@@ -123,6 +125,7 @@ def main() -> None:
     optimizer = hvd.DistributedOptimizer(optimizer,  # dlcomm
                                          named_parameters=model.named_parameters(),
                                          compression=compression, sync=sync,
+                                         schedule=args.schedule,
                                          loss_tolerance=args.loss_tolerance)
     sampler = None
     if hasattr(optimizer, "balancer"):  # LB-BSP: variable slices of one shuffled stream
@@ -171,6 +174,8 @@ def main() -> None:
             running += loss.item()
         if hasattr(optimizer, "synchronize_globally"):  # DS-Sync: one model before evaluating
             optimizer.synchronize_globally()
+        if hasattr(optimizer, "flush"):  # DeAR: apply the last step's updates
+            optimizer.flush()
         epoch_times.append(time.perf_counter() - start)
         train_time += epoch_times[-1]
         steps += steps_per_epoch
@@ -219,6 +224,7 @@ def main() -> None:
                            "bytes_per_step_per_rank": sent.item() / size / steps,
                            "model_bytes": flat.numel() * 4, "identical": identical,
                            "model": args.model, "sync": args.sync or "bsp",
+                           "schedule": args.schedule or "default",
                            "loss_tolerance": args.loss_tolerance,
                            "epoch_seconds": epoch_times,
                            "epoch_accuracy": epoch_accuracy,
