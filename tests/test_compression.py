@@ -94,6 +94,32 @@ def test_exact_topk_returns_the_k_largest_magnitudes(n, ratio, seed):
     np.testing.assert_array_equal(np.sort(np.abs(x[idx])), np.sort(np.abs(x))[n - k:])
 
 
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3000), ratio=st.floats(0.001, 1.0), zeros=st.floats(0.0, 1.0),
+       seed=st.integers(0, 1000))
+def test_exact_topk_is_exact_when_many_values_are_zero(n, ratio, zeros, seed):
+    # Many zeros take the select-among-non-zeros path (fewer non-zeros than k included).
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n).astype(np.float32)
+    x[rng.random(n) < zeros] = 0.0
+    k = max(1, int(ratio * n))
+    idx = exact_topk_indices(x, k)
+    assert idx.size == k == np.unique(idx).size
+    assert np.all(np.diff(idx) > 0)
+    np.testing.assert_array_equal(np.sort(np.abs(x[idx])), np.sort(np.abs(x))[n - k:])
+
+
+def test_exact_topk_on_a_structured_gradient_with_zero_rows_and_columns():
+    # The shape that made numpy's argpartition 30x slower: whole zero rows and columns.
+    g = np.random.default_rng(0).standard_normal((64, 49)).astype(np.float32)
+    g[::3] = 0.0
+    g[:, :20] = 0.0
+    k = 30
+    idx = exact_topk_indices(g.ravel(), k)
+    np.testing.assert_array_equal(np.sort(np.abs(g.ravel()[idx])),
+                                  np.sort(np.abs(g.ravel()))[-k:])
+
+
 def test_topk_compressor_matches_dense_reference():
     x = np.random.default_rng(4).standard_normal((64, 50)).astype(np.float32)
     out = simulate([TopK(ratio=0.03, min_compress_size=0)], [x], "t")
