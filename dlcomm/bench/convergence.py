@@ -30,9 +30,9 @@ def run_one(spec: str, np_: int, epochs: int, dataset: str, *, emulate: str | No
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         launcher = ["dlcommrun", "-np", str(np_)] + (["--emulate", emulate] if emulate else [])
-        cmd = [*launcher, sys.executable, str(EXAMPLE), "--epochs",
-               str(epochs), "--dataset", dataset, "--model", model, "--no-progress",
-               "--json", str(out), "--compression", spec]
+        options = ["--epochs", str(epochs), "--dataset", dataset, "--model", model,
+                   "--no-progress", "--compression", spec]
+        cmd = [*launcher, sys.executable, str(EXAMPLE), *options, "--json", str(out)]
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
                               env=dict(os.environ))
@@ -40,9 +40,7 @@ def run_one(spec: str, np_: int, epochs: int, dataset: str, *, emulate: str | No
             raise RuntimeError(f"{spec}: job failed ({proc.returncode})\n{proc.stderr[-2000:]}")
         result = json.loads(out.read_text())
         result["wall_s"] = time.perf_counter() - start
-        n = len(launcher)
-        result["command"] = " ".join(launcher + ["python", "examples/torch_mnist.py"]
-                                     + cmd[n + 2:-4] + ["--compression", spec])
+        result["command"] = " ".join([*launcher, "python", "examples/torch_mnist.py", *options])
         return result
 
 

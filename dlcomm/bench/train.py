@@ -85,7 +85,6 @@ def measure(np_: int, model: str, configs: list[str], schedules: list[str], batc
             "one_rank_samples_per_s": one,
             "total_samples_per_s": total,
             "per_rank_samples_per_s": total / np_,
-            "ms_per_iteration": 1e3 * batch_size * np_ / total,
             "rounds": totals,
             "scaling_efficiency": total / (one * np_),
         })
@@ -101,7 +100,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
              + (" rounds (samples/s) |" if spread else ""),
              "|---|---|---:|---:|---:|---:|---:|" + ("---|" if spread else "")]
     for r in rows:
-        ms = 1e3 * r.get("batch_size", 0) * r["ranks"] / r["total_samples_per_s"]
+        ms = 1e3 * r["batch_size"] * r["ranks"] / r["total_samples_per_s"]
         lines.append(f"| `{r['compression']}` | {r['schedule']} | "
                      f"{r['one_rank_samples_per_s']:.1f} | {r['total_samples_per_s']:.1f} | "
                      f"{ms:.0f} | {r['scaling_efficiency']:.2f} | "
