@@ -75,10 +75,13 @@ def _load() -> tuple[Any, str | None, str | None]:
 
 
 def _default_threads() -> int:
-    """DLCOMM_NATIVE_THREADS, else the cores shared among this host's MPI ranks (0: OpenMP's)."""
-    threads = os.environ.get("DLCOMM_NATIVE_THREADS", "").strip()
-    if threads.isdigit():
-        return int(threads)
+    """DLCOMM_NATIVE_THREADS, else OMP_NUM_THREADS (dlcommrun sets it to each rank's share of
+    the cores, emulated hosts included), else the cores shared among this host's MPI ranks
+    (0: OpenMP's own default)."""
+    for variable in ("DLCOMM_NATIVE_THREADS", "OMP_NUM_THREADS"):
+        threads = os.environ.get(variable, "").strip()
+        if threads.isdigit():
+            return int(threads)
     local = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "").strip()
     if local.isdigit() and int(local) > 0:
         return max(1, (os.cpu_count() or 1) // int(local))

@@ -361,3 +361,15 @@ def test_fused_topk_error_feedback_is_used(monkeypatch):
     assert len(calls) == 2
     values, indices = steps[1][1]
     assert 0.75 * 2621 <= indices.size <= 1.25 * 2621 and values.size == indices.size
+
+
+def test_default_threads_follow_the_launchers_share_of_the_cores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DLCOMM_NATIVE_THREADS", "OMP_NUM_THREADS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert native._default_threads() == 0  # OpenMP's own default outside MPI
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1")  # one rank per emulated host ...
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # ... but dlcommrun's share of this machine
+    assert native._default_threads() == 1
+    monkeypatch.setenv("DLCOMM_NATIVE_THREADS", "3")  # the explicit knob wins
+    assert native._default_threads() == 3
