@@ -55,6 +55,15 @@ for t in range(4):
     ref = np.mean([np.arange(6) + 10.0 * r + t for r in members], axis=0)
     assert np.allclose(out, ref), (rank, t, out, ref)
 
+# a member with a different layout is reported on every member of its group, no hang
+bad = GroupCycle(2, seed=5, cycle=4)
+x = np.zeros(7 if rank == 0 else 6, dtype=np.float32)
+try:
+    average_in_group([x], bad, 0)
+    assert 0 not in bad.group_ranks(0), "rank 0's group must refuse"
+except ValueError as e:
+    assert 0 in bad.group_ranks(0) and "different parameters" in str(e), e
+average_in_group([np.zeros(6, np.float32)], bad, 1) if 0 not in bad.group_ranks(1) else None
 def train(sync, steps=4, momentum=0.9):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
@@ -78,7 +87,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 opt = make_dssync_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                             group_size=n, seed=0, cycle=2)
-opt._cycle._mine = [dlcomm.global_process_set] * 2  # group = all ranks, parameter averaging
+assert opt._cycle.group_ranks(0) == list(range(n))  # one group of all ranks: averaging
 g = torch.Generator().manual_seed(100 + rank)
 for _ in range(4):
     x, y = torch.randn(8, 5, generator=g), torch.randn(8, 2, generator=g)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dlcomm.comm.mpi_backend import MPICommunicator, dumps, loads
+from dlcomm.comm.polling import wait_polling
 from dlcomm.config import Config
 from dlcomm.engine.executor import Executor, ProcessSetState
 from dlcomm.engine.negotiation import WORLD, Coordinator, Response
@@ -31,8 +32,6 @@ log = logging.getLogger("dlcomm")
 _NO_UNCACHED = np.uint64(1)  # flag bit: this rank needs no full negotiation round
 _STALL_ABORT = "__stall_abort__"
 _IDLE_WAIT_CAP = 0.005  # seconds: longest sleep between idle rounds
-_POLL_SPIN = 5e-5  # seconds spent re-testing before sleeping
-_POLL_SLEEP_CAP = 2e-4  # seconds: longest sleep between tests of a pending negotiation
 
 
 class Engine:
@@ -190,7 +189,7 @@ class Engine:
         self.cache.mark_outsider_bits(words)
         if not need_full:
             words[0] |= _NO_UNCACHED
-        self._wait(self.control.iallreduce_band(words))
+        wait_polling(self.control.iallreduce_band(words).test)
 
         if not (words[0] & _NO_UNCACHED) or self.coordinator.has_partial():
             responses = self._full_round(now)
@@ -231,19 +230,6 @@ class Engine:
         for resp in responses:
             self.cache.put(resp)
         return responses
-
-    def _wait(self, pending: Any) -> None:
-        """Poll a non-blocking collective, sleeping so waiting ranks leave the CPU free."""
-        spin_until = time.perf_counter() + _POLL_SPIN
-        while not pending.test():
-            if time.perf_counter() < spin_until:
-                time.sleep(0)  # yield the GIL, stay runnable: peers usually arrive soon
-                continue
-            delay = 1e-5
-            while not pending.test():
-                time.sleep(delay)
-                delay = min(delay * 2, _POLL_SLEEP_CAP)
-            return
 
     def _retire(self, responses: list[Response]) -> None:
         for resp in responses:

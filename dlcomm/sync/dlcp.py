@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm.sync.world_comm import base_comm
+
 HEADER_TAG = 0
 
 
@@ -131,12 +133,7 @@ class BoundedLossExchange:
         from mpi4py import MPI
 
         self._MPI = MPI
-        base = MPI.COMM_WORLD if comm is None else comm
-        from dlcomm import basics
-
-        if comm is None and basics.is_initialized() and basics.size() != base.Get_size():
-            raise ValueError("dlcomm runs on a subset of MPI_COMM_WORLD: pass comm= (the "
-                             "same ranks) to BoundedLossExchange")
+        base = base_comm(comm, "BoundedLossExchange")
         self.comms = [base.Dup() for _ in range(int(channels))]
         self.rank, self.size = base.Get_rank(), base.Get_size()
         self.p = float(loss_tolerance)

@@ -2,24 +2,32 @@
 change every step.
 
 Every step all ranks derive the same partition of the ranks into groups of ``group_size``
-from a shared seed and the step number, so no message is needed to agree on it. The process
-sets of a cycle of ``cycle`` partitions are registered once (``add_process_set`` is
-collective over all ranks) and reused round-robin, so no communicator is split per step.
-A group's average touches only its members, which shrinks the scale of every
-synchronisation; the shuffle mixes the groups' models over time. ``global_average`` averages
-over all ranks (before evaluation, checkpoints and at the end).
+from a shared seed and the step number, so no message is needed to agree on it. The
+communicators of a cycle of ``cycle`` partitions are split once (collective over all ranks)
+and reused round-robin, so no communicator is split per step. A group's average touches only
+its members, which shrinks the scale of every synchronisation; the shuffle mixes the groups'
+models over time. ``global_average`` averages over all ranks (before evaluation, checkpoints
+and at the end).
+
+Why group averages bypass dlcomm's engine: the engine negotiates every request with a
+coordinator over *all* ranks each cycle, so a group could start only when every rank's
+engine had joined that cycle, which couples all groups every step and undoes what DS-Sync
+is for. The partition is known everywhere, so nothing needs negotiating: each group runs one
+``MPI_Allreduce`` on its own communicator from the calling thread (dlcomm initialises MPI
+with ``MPI_THREAD_MULTIPLE``). Measured at 8 emulated hosts x 1 Gbit/s (docs/heterogeneity.md).
 """
 from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from dlcomm import mpi_ops
-from dlcomm.basics import add_process_set, rank, size
+from dlcomm.comm.polling import wait_polling
 from dlcomm.ops import Average
-from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.sync.world_comm import base_comm
 
 DEFAULT_CYCLE = 8
 
@@ -51,52 +59,113 @@ def partition(num_ranks: int, group_size: int, seed: int, index: int) -> list[li
 
 
 class GroupCycle:
-    """The process sets of ``cycle`` partitions, registered once, used round-robin by step.
+    """The communicators of ``cycle`` partitions, split once, used round-robin by step.
 
-    Construction is collective: every rank must build it with the same arguments, in the same
-    order relative to other ``add_process_set`` calls. With ``group_size >= size()`` every
-    step uses the global process set (DS-Sync is then BSP).
+    Construction is collective: every rank must build it with the same arguments (and in the
+    same order relative to other collective calls on ``comm``). ``comm`` defaults to the
+    world dlcomm runs on.
     """
 
-    def __init__(self, group_size: int, seed: int = 0, cycle: int = DEFAULT_CYCLE) -> None:
+    def __init__(self, group_size: int, seed: int = 0, cycle: int = DEFAULT_CYCLE,
+                 comm: Any = None) -> None:
         self.group_size = _check_int(group_size, "group_size", 1)
         self.seed = _check_int(seed, "seed", 0)
         self.cycle = _check_int(cycle, "cycle", 1)
-        self.num_ranks = size()
+        base = base_comm(comm, "GroupCycle")
+        self.num_ranks, me = base.Get_size(), base.Get_rank()
         self.partitions = [partition(self.num_ranks, self.group_size, self.seed, k)
                            for k in range(self.cycle)]
-        registered: dict[tuple[int, ...], ProcessSet] = {
-            tuple(range(self.num_ranks)): global_process_set}
-        for part in self.partitions:  # same order on every rank
-            for group in part:
-                key = tuple(group)
-                if key not in registered:
-                    registered[key] = add_process_set(list(group))
-        me = rank()
-        self._mine = [registered[tuple(next(g for g in part if me in g))]
-                      for part in self.partitions]
+        split: dict[tuple[tuple[int, ...], ...], Any] = {}
+        self._comms = []
+        self._groups = []
+        for part in self.partitions:  # same order on every rank: the splits match
+            key = tuple(tuple(g) for g in part)
+            if key not in split:
+                color = next(i for i, g in enumerate(part) if me in g)
+                split[key] = base.Split(color, me)
+            self._comms.append(split[key])
+            self._groups.append(next(g for g in part if me in g))
+        self._checked: set[tuple[int, str, int]] = set()
 
     def group_ranks(self, step: int) -> list[int]:
         """The ranks of this rank's group at ``step``."""
-        return list(self.process_set(step).ranks or [])
+        return list(self._groups[_check_int(step, "step", 0) % self.cycle])
 
-    def process_set(self, step: int) -> ProcessSet:
-        """This rank's process set at ``step``."""
-        return self._mine[_check_int(step, "step", 0) % self.cycle]
+    def comm(self, step: int) -> Any:
+        """This rank's group communicator (mpi4py) at ``step``."""
+        return self._comms[_check_int(step, "step", 0) % self.cycle]
+
+    def check_layout(self, comm: Any, dtype: np.dtype, count: int) -> None:
+        """Raise on every member if the group's members average different layouts (a
+        mismatch would otherwise hang or corrupt ``MPI_Allreduce``); checked once per
+        communicator and layout."""
+        key = (id(comm), dtype.str, count)
+        if key in self._checked:
+            return
+        mine = np.array([count, _dtype_code(dtype)], dtype=np.int64)
+        every = np.empty((comm.Get_size(), 2), dtype=np.int64)
+        comm.Allgather(mine, every)
+        if not (every == mine).all():
+            ranks = self._groups[self._comms.index(comm)]
+            got = {ranks[i]: (int(c), np.dtype(_CODES[int(d)]).name if 0 <= d < len(_CODES)
+                              else "?") for i, (c, d) in enumerate(every)}
+            raise ValueError(f"DS-Sync group {ranks} averages different parameters on its "
+                             f"members: (elements, dtype) per rank {got}; every rank must "
+                             f"pass the same model")
+        self._checked.add(key)
 
 
-def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle, step: int,
-                     name: str = "dssync") -> list[np.ndarray]:
-    """Average ``arrays`` (same dtype) within this rank's group at ``step``, in place."""
+_CODES = ("float16", "float32", "float64", "bfloat16", "int32", "int64")
+
+
+def _dtype_code(dtype: np.dtype) -> int:
+    return _CODES.index(dtype.name) if dtype.name in _CODES else len(_CODES)
+
+
+def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
+                     step: int) -> list[np.ndarray]:
+    """Average ``arrays`` (numpy, one dtype) within this rank's group at ``step``, in place.
+
+    The arrays are packed into one buffer and summed with one ``MPI_Allreduce`` on the
+    group's communicator (float16 is summed in float32: MPI has no half type).
+    """
     if not isinstance(cycle, GroupCycle):
         raise TypeError(f"cycle must be a GroupCycle, got {type(cycle).__name__}")
-    ps = cycle.process_set(step)
-    if ps.size() == 1:
-        return list(arrays)
-    return mpi_ops.grouped_allreduce_async(
-        # Names are matched across all ranks: the group's set id keeps groups apart.
-        list(arrays), name=f"{name}.set{ps.process_set_id}", op=Average, process_set=ps,
-        outputs=list(arrays)).wait()
+    arrays = list(arrays)
+    if not arrays:
+        return arrays
+    dtype = arrays[0].dtype
+    for a in arrays:
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"average_in_group takes numpy arrays, got {type(a).__name__}")
+        if a.dtype != dtype:
+            raise ValueError(f"average_in_group takes one dtype per call, got {dtype} and "
+                             f"{a.dtype}")
+    comm = cycle.comm(step)
+    members = comm.Get_size()
+    if members == 1:
+        return arrays
+    count = sum(a.size for a in arrays)
+    cycle.check_layout(comm, dtype, count)
+    work = np.float32 if dtype == np.float16 else dtype
+    buf = np.empty(count, dtype=work)
+    pos = 0
+    for a in arrays:
+        buf[pos:pos + a.size] = a.reshape(-1)
+        pos += a.size
+    from mpi4py import MPI
+
+    # Members arrive through a polled non-blocking barrier, so a rank whose partner is still
+    # computing sleeps instead of spinning in MPI; the sum itself is the blocking call, whose
+    # algorithms beat MPI_Iallreduce's (measured: docs/heterogeneity.md).
+    wait_polling(comm.Ibarrier().Test)
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    buf /= members
+    pos = 0
+    for a in arrays:
+        a[...] = buf[pos:pos + a.size].reshape(a.shape)
+        pos += a.size
+    return arrays
 
 
 def global_average(arrays: Sequence[np.ndarray], name: str = "dssync.global"

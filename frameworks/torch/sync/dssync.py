@@ -34,9 +34,8 @@ class DSSyncOptimizer:
         """Step on the local gradient, then average parameters within this step's group."""
         result = self._optimizer_class.step(self, closure)
         with torch.no_grad():
-            for k, params in enumerate(self._by_dtype):
-                arrays = average_in_group(self._arrays(params), self._cycle, self.sync_step,
-                                          name=f"dssync.{k}")
+            for params in self._by_dtype:
+                arrays = average_in_group(self._arrays(params), self._cycle, self.sync_step)
                 for p, a in zip(params, arrays):
                     _writeback(p.data, a)
         self.sync_step += 1
@@ -61,7 +60,7 @@ class DSSyncOptimizer:
 
 def make_dssync_optimizer(optimizer: torch.optim.Optimizer, group_size: int, seed: int = 0,
                           cycle: int = 8) -> torch.optim.Optimizer:
-    """Wrap ``optimizer`` for DS-Sync (collective: registers the cycle's process sets)."""
+    """Wrap ``optimizer`` for DS-Sync (collective: splits the cycle's group communicators)."""
     from dlcomm.torch.sync import build_mixin
 
     obj = build_mixin(DSSyncOptimizer, optimizer)
