@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm.comm.polling import wait_polling
 from dlcomm.sync.world_comm import base_comm
 
 HEADER_TAG = 0
@@ -173,10 +174,9 @@ class BoundedLossExchange:
     def drain(self) -> None:
         """Complete every late receive (discarding its data) and every earlier send."""
         MPI = self._MPI
-        if self._late:
-            MPI.Request.Waitall(self._late)
-        if self._sends:
-            MPI.Request.Waitall(self._sends)
+        for reqs in (self._late, self._sends):
+            if reqs:
+                wait_polling(lambda reqs=reqs: MPI.Request.Testall(reqs))
         self._late, self._late_bufs = [], []
         self._sends, self._send_bufs = [], []
 
@@ -246,10 +246,12 @@ class BoundedLossExchange:
                     held.append((o, i, data))
                 else:
                     sends.append(self._comm(i).Isend(data, dest=o, tag=i + 1))
-        MPI.Request.Waitall(header_reqs)
+        # Polled, not Waitall: a rank waiting for peers still in backward must not spin
+        # (ranks can outnumber cores); see dlcomm/comm/polling.py.
+        wait_polling(lambda: MPI.Request.Testall(header_reqs))
         mandatory = [r for s in headers for i, r in enumerate(recv_reqs[s]) if headers[s][i]]
         if mandatory:
-            MPI.Request.Waitall(mandatory)
+            wait_polling(lambda: MPI.Request.Testall(mandatory))
         t_mand = time.perf_counter() - t0
         deadline = max(self.deadline(), t_mand)
         optional = [(s, i) for s in headers for i in range(len(mine)) if not headers[s][i]]
