@@ -190,11 +190,28 @@ class BoundedLossExchange:
     def _comm(self, index: int) -> Any:
         return self.comms[index % len(self.comms)]
 
+    def _pieces(self, mandatory: Sequence[int]) -> list[list[int]]:
+        """Mandatory chunk indices (ascending: input layer first) cut into at most
+        ``channels`` consecutive pieces, one message each; sender and owner cut alike."""
+        n = min(len(self.comms), len(mandatory))
+        if n == 0:
+            return []
+        return [part.tolist() for part in np.array_split(np.asarray(mandatory, int), n)]
+
+    def _tag(self, chunk: int) -> int:
+        """Tag of droppable chunk ``chunk``: after the header (0) and the pieces."""
+        return 1 + len(self.comms) + chunk
+
     def exchange(self, flat: np.ndarray) -> tuple[np.ndarray, ExchangeStats]:
         """Average ``flat`` (float32, 1-D, the same layout on every rank) over all ranks.
 
         Returns the averaged buffer (a new array) and this exchange's statistics.
         Collective: every rank calls it with its own gradient.
+
+        Per owner, a sender sends a header (which chunks are mandatory), its mandatory
+        chunks packed into at most ``channels`` messages (one per channel, input layers
+        first), then each droppable chunk as a message of its own, highest priority first,
+        so an owner can stop waiting for any of them.
         """
         if not isinstance(flat, np.ndarray) or flat.dtype != np.float32 or flat.ndim != 1:
             raise TypeError("flat must be a 1-D float32 numpy array")
@@ -207,24 +224,21 @@ class BoundedLossExchange:
         t0 = time.perf_counter()
         acc = flat + self.residual
         me = self.rank
-        # Post every receive first: header and chunks from every other rank.
         mine = self.by_owner[me]
-        headers = {s: np.empty(len(mine), dtype=np.uint8) for s in range(self.size) if s != me}
+        senders = [s for s in range(self.size) if s != me]
+        headers = {s: np.empty(len(mine), dtype=np.uint8) for s in senders}
         header_reqs = [self.comms[0].Irecv(headers[s], source=s, tag=HEADER_TAG)
-                       for s in headers]
-        recv_bufs: dict[int, list[np.ndarray]] = {}
-        recv_reqs: dict[int, list[Any]] = {}
-        for s in headers:
-            recv_bufs[s] = [np.empty(c.size, dtype=np.float32) for c in mine]
-            recv_reqs[s] = [self._comm(i).Irecv(recv_bufs[s][i], source=s, tag=i + 1)
-                            for i in range(len(mine))]
-        # Send to every owner: header (1 = mandatory), then chunks in priority order.
+                       for s in senders]
+        # Send to every owner: header (1 = mandatory), packed mandatory pieces, droppables.
         sends: list[Any] = []
         held: list[tuple[int, int, np.ndarray]] = []
         bufs: list[np.ndarray] = []
         owners = [o for o in range(self.size) if o != me and self.by_owner[o]]
         out_chunks = [c for o in owners for c in self.by_owner[o]]
-        out_mags = np.array([np.abs(acc[c.start:c.end]).mean() for c in out_chunks])
+        starts = np.array([c.start for c in out_chunks], dtype=np.int64)
+        ends = np.array([c.end for c in out_chunks], dtype=np.int64)
+        prefix = np.concatenate([[0.0], np.cumsum(np.abs(acc), dtype=np.float64)])
+        out_mags = (prefix[ends] - prefix[starts]) / np.maximum(ends - starts, 1)
         # One budget over everything this rank sends: at most p of its elements.
         out_drop = droppable_mask(out_chunks, out_mags, self.num_layers, self.p)
         pos = 0
@@ -235,83 +249,97 @@ class BoundedLossExchange:
             header = (~drop).astype(np.uint8)
             bufs.append(header)
             sends.append(self.comms[0].Isend(header, dest=o, tag=HEADER_TAG))
-            depth_order = sorted(range(len(cs)), key=lambda i: (cs[i].layer, -mags[i]))
-            by_score = sorted(range(len(cs)), key=lambda i: -mags[i] * (
+            for j, piece in enumerate(self._pieces(np.flatnonzero(~drop))):
+                data = np.concatenate([acc[cs[i].start:cs[i].end] for i in piece])
+                bufs.append(data)
+                sends.append(self.comms[j].Isend(data, dest=o, tag=1 + j))
+            by_score = sorted(np.flatnonzero(drop).tolist(), key=lambda i: -mags[i] * (
                 2.0 - cs[i].layer / max(self.num_layers - 1, 1)))
-            order = [i for i in depth_order if not drop[i]] + [i for i in by_score if drop[i]]
-            for i in order:
+            for i in by_score:
                 data = np.ascontiguousarray(acc[cs[i].start:cs[i].end])
                 bufs.append(data)
-                if drop[i] and self._hold_droppable:
+                if self._hold_droppable:
                     held.append((o, i, data))
                 else:
-                    sends.append(self._comm(i).Isend(data, dest=o, tag=i + 1))
+                    sends.append(self._comm(i).Isend(data, dest=o, tag=self._tag(i)))
         # Polled, not Waitall: a rank waiting for peers still in backward must not spin
         # (ranks can outnumber cores); see dlcomm/comm/polling.py.
         wait_polling(lambda: MPI.Request.Testall(header_reqs))
-        mandatory = [r for s in headers for i, r in enumerate(recv_reqs[s]) if headers[s][i]]
+        piece_bufs: dict[int, list[tuple[list[int], np.ndarray]]] = {}
+        mandatory: list[Any] = []
+        optional: list[tuple[int, int, Any, np.ndarray]] = []
+        for s in senders:
+            piece_bufs[s] = []
+            for j, piece in enumerate(self._pieces(np.flatnonzero(headers[s]))):
+                buf = np.empty(sum(mine[i].size for i in piece), dtype=np.float32)
+                piece_bufs[s].append((piece, buf))
+                mandatory.append(self.comms[j].Irecv(buf, source=s, tag=1 + j))
+            for i in np.flatnonzero(headers[s] == 0).tolist():
+                buf = np.empty(mine[i].size, dtype=np.float32)
+                optional.append((s, i, self._comm(i).Irecv(buf, source=s, tag=self._tag(i)),
+                                 buf))
         if mandatory:
             wait_polling(lambda: MPI.Request.Testall(mandatory))
         t_mand = time.perf_counter() - t0
         deadline = max(self.deadline(), t_mand)
-        optional = [(s, i) for s in headers for i in range(len(mine)) if not headers[s][i]]
-        arrived = {(s, i): bool(headers[s][i]) for s in headers for i in range(len(mine))}
-        waiting = list(optional)
-        while waiting:
-            waiting = [(s, i) for s, i in waiting if not recv_reqs[s][i].Test()]
-            for key in optional:
-                if key not in waiting:
-                    arrived[key] = True
-            if not waiting or time.perf_counter() - t0 >= deadline:
+        arrived = np.zeros(len(optional), dtype=bool)
+        while not arrived.all():
+            for k, (_, _, req, _) in enumerate(optional):
+                if not arrived[k] and req.Test():
+                    arrived[k] = True
+            if arrived.all() or time.perf_counter() - t0 >= deadline:
                 break
             time.sleep(5e-5)
         t_all = time.perf_counter() - t0
-        if not waiting and optional:
-            self._history.append(t_all)
-        elif not optional:
-            self._history.append(t_mand)
-        for s, i in waiting:  # late: keep them posted, drain next time
-            self._late.append(recv_reqs[s][i])
-            self._late_bufs.append(recv_bufs[s][i])
+        if arrived.all():  # learn the deadline from complete exchanges only
+            self._history.append(t_all if optional else t_mand)
         # Average each element of my shard over the contributions that arrived.
         lo, hi = self.shard
         total = acc[lo:hi].astype(np.float32, copy=True)
         count = np.ones(hi - lo, dtype=np.float32)
         arrival = np.ones((self.size, len(mine)), dtype=np.uint8)
-        for s in headers:
-            for i, c in enumerate(mine):
-                if arrived[(s, i)]:
-                    total[c.start - lo:c.end - lo] += recv_bufs[s][i]
+        for s in senders:
+            for piece, buf in piece_bufs[s]:
+                at = 0
+                for i in piece:
+                    c = mine[i]
+                    total[c.start - lo:c.end - lo] += buf[at:at + c.size]
                     count[c.start - lo:c.end - lo] += 1
-                else:
-                    arrival[s, i] = 0
+                    at += c.size
+        for k, (s, i, req, buf) in enumerate(optional):
+            c = mine[i]
+            if arrived[k]:
+                total[c.start - lo:c.end - lo] += buf
+                count[c.start - lo:c.end - lo] += 1
+            else:  # late: keep it posted, drain next time
+                arrival[s, i] = 0
+                self._late.append(req)
+                self._late_bufs.append(buf)
         total /= count
-        # All-gather the averaged shards and who arrived where (lossless).
+        # One lossless all-gather: the averaged shards and who arrived where (as float32).
+        out_all = np.empty(self.length + self.size * len(self.chunks), dtype=np.float32)
+        counts = [(b - a) + self.size * len(cs)
+                  for (a, b), cs in zip(self.shard_bounds, self.by_owner)]
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+        mine_out = np.concatenate([total, arrival.reshape(-1).astype(np.float32)])
+        self.comms[0].Allgatherv(mine_out, [out_all, (counts, displs), MPI.FLOAT])
         out = np.empty(self.length, dtype=np.float32)
-        counts = [b - a for a, b in self.shard_bounds]
-        self.comms[0].Allgatherv(total, [out, (counts, [a for a, _ in self.shard_bounds]),
-                                         MPI.FLOAT])
-        sizes = [self.size * len(cs) for cs in self.by_owner]
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
-        all_arrival = np.empty(int(sum(sizes)), dtype=np.uint8)
-        self.comms[0].Allgatherv(arrival.reshape(-1), [all_arrival, (sizes, starts),
-                                                       MPI.UNSIGNED_CHAR])
-        # Every rank has decided once the all-gathers completed: held chunks are now late.
+        # Every rank has decided once the all-gather completed: held chunks are now late.
         for o, i, data in held:
-            sends.append(self._comm(i).Isend(data, dest=o, tag=i + 1))
+            sends.append(self._comm(i).Isend(data, dest=o, tag=self._tag(i)))
         # Error feedback: what my owners did not count stays in my residual.
         self.residual[:] = 0.0
         lost = 0
-        for o in range(self.size):
-            cs = self.by_owner[o]
-            matrix = all_arrival[starts[o]:starts[o] + sizes[o]].reshape(self.size, len(cs))
-            lost += int(sum(c.size for i, c in enumerate(cs)
-                            for s in range(self.size) if not matrix[s, i]))
+        for o, ((a, b), cs) in enumerate(zip(self.shard_bounds, self.by_owner)):
+            at = displs[o]
+            out[a:b] = out_all[at:at + b - a]
+            matrix = out_all[at + b - a:at + counts[o]].reshape(self.size, len(cs)) != 0
+            sizes = np.array([c.size for c in cs], dtype=np.int64)
+            lost += int(((~matrix) * sizes).sum())
             if o == me:
                 continue
-            for i, c in enumerate(cs):
-                if not matrix[me, i]:
-                    self.residual[c.start:c.end] = acc[c.start:c.end]
+            for i in np.flatnonzero(~matrix[me]).tolist():
+                self.residual[cs[i].start:cs[i].end] = acc[cs[i].start:cs[i].end]
         self._sends, self._send_bufs = sends, bufs
         self._exchanges += 1
         stats = ExchangeStats(lost, self.length * self.size, self.pending_requests(),
