@@ -12,9 +12,13 @@ batch size can fix. ``compute=H:SPEED[:JITTER]`` slows only the code a training 
             loss.backward()
         opt.step()
 
-Before each block the rank sleeps ``(1/speed - 1) x`` the measured duration of the previous
-block (the sleep itself not counted), so its compute takes ``1/speed`` times as long while its
-network and engine thread run at full speed. The sleep comes *before* the forward pass: with
+Before each block the rank sleeps ``(1/speed - 1) x`` the CPU time the calling thread spent
+in the previous block (``time.thread_time``; the sleep itself not counted), so its compute
+takes ``1/speed`` times as long while its network and engine thread run at full speed. CPU
+time, not wall time: on a machine whose cores the emulated hosts share, a block's wall time
+also holds the time it waited for a core, and multiplying that too made the straggler
+slower whenever the other ranks were busy (under LB-BSP) than when they were idle (under
+BSP). With more than one intra-op thread, the other threads' work is not counted. The sleep comes *before* the forward pass: with
 wait-free backpropagation the all-reduces start during backward, so a delay after backward
 would hide behind communication instead of delaying it. The first block runs at full speed
 (nothing measured yet). With ``JITTER`` the speed of block ``t`` is drawn uniformly from
@@ -117,11 +121,12 @@ class ComputeSlowdown:
 
     ``item`` None is a no-op (nothing timed, nothing slept). ``clock`` and ``sleep`` are
     injectable for tests. ``slept_s`` (total sleep), ``blocks`` (blocks run) and
-    ``last_compute_s`` (duration of the last block, without the sleep) tell what it did.
+    ``last_compute_s`` (the last block's CPU time on the calling thread, by the default
+    ``clock``; without the sleep) tell what it did.
     """
 
     def __init__(self, item: ComputeStraggler | None = None, seed: int = 0, *,
-                 clock: Callable[[], float] = time.perf_counter,
+                 clock: Callable[[], float] = time.thread_time,
                  sleep: Callable[[float], Any] = time.sleep) -> None:
         if item is not None and not isinstance(item, ComputeStraggler):
             raise TypeError(f"item must be a ComputeStraggler or None, got {item!r}")
@@ -170,7 +175,7 @@ class ComputeSlowdown:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, hostname: str | None = None, *,
-                 clock: Callable[[], float] = time.perf_counter,
+                 clock: Callable[[], float] = time.thread_time,
                  sleep: Callable[[float], Any] = time.sleep,
                  stderr: IO[str] | None = None) -> ComputeSlowdown:
         """This rank's slowdown from ``DLCOMM_EMULATE_COMPUTE`` and its hostname.
