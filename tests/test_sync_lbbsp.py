@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from mpi_run import run_mpi
 
@@ -19,6 +19,7 @@ from dlcomm.sync.lbbsp import (
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(0.01, 100.0), min_size=1, max_size=9), st.integers(1, 500),
        st.integers(0, 20), st.integers(1, 400))
+@example([1.0, 1.0, 2.0], 42, 14, 15)  # floor and ceiling hit in one round: summed to 43
 def test_allocation_sums_to_total_within_bounds(speeds, total, lo, hi) -> None:
     n = len(speeds)
     if lo > hi or not n * lo <= total <= n * hi:
@@ -89,8 +90,9 @@ def test_sampler_hands_out_disjoint_consecutive_slices() -> None:
         assert joined == order[step * 10:(step + 1) * 10].tolist()
 
 
-def test_lbbsp_weighted_gradient_is_the_full_batch_gradient(tmp_path) -> None:
-    run_mpi(3, r'''
+@pytest.mark.parametrize("schedule", ["wfbp", "none"])
+def test_lbbsp_weighted_gradient_is_the_full_batch_gradient(tmp_path, schedule) -> None:
+    run_mpi(3, f"SCHEDULE = {schedule!r}\n" + r'''
 import numpy as np, torch
 import dlcomm.torch as hvd
 from dlcomm.torch.sync import BalancedBatchSampler
@@ -100,7 +102,8 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
 opt = torch.optim.SGD(model.parameters(), lr=0.0)
 opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                               sync="lbbsp:global_batch=12,min_batch=1,max_batch=8")
+                               sync="lbbsp:global_batch=12,min_batch=1,max_batch=8",
+                               schedule=SCHEDULE)
 bal = opt.balancer
 data = torch.randn(40, 4, generator=torch.Generator().manual_seed(7))
 target = torch.randn(40, 2, generator=torch.Generator().manual_seed(8))

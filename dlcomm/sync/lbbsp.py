@@ -31,8 +31,9 @@ def allocate_batches(speeds: Sequence[float], total: int, min_batch: int = 1,
     """Integer batch sizes proportional to ``speeds``, summing to ``total``, within bounds.
 
     Proportional shares are clipped to ``[min_batch, max_batch]`` and the rest is
-    re-shared among the unclipped ranks (water filling); the fractional parts are rounded by
-    largest remainder (ties to the lower rank), so the result is deterministic.
+    re-shared among the unclipped ranks (water filling: ``clip(lam * speed)`` for the ``lam``
+    at which they sum to ``total``); the fractional parts are rounded by largest remainder
+    (ties to the lower rank), so the result is deterministic.
     """
     s = np.asarray(speeds, dtype=np.float64)
     if s.ndim != 1 or s.size == 0:
@@ -48,19 +49,18 @@ def allocate_batches(speeds: Sequence[float], total: int, min_batch: int = 1,
     if not n * lo <= total <= n * hi:
         raise ValueError(f"a global batch of {total} cannot be split over {n} ranks within "
                          f"[{lo}, {hi}] each: need {n * lo} <= total <= {n * hi}")
-    share = np.zeros(n)
-    free = np.ones(n, dtype=bool)
-    left = float(total)
-    for _ in range(n + 1):  # water filling: each round fixes at least one rank or ends
-        share[free] = left * s[free] / s[free].sum()
-        over, under = free & (share > hi), free & (share < lo)
-        if not over.any() and not under.any():
-            break
-        share[over], share[under] = hi, lo
-        free &= ~(over | under)
-        left = total - share[~free].sum()
-        if not free.any():
-            break
+    # Water filling: the shares are clip(lam * s, lo, hi) for the lam at which they sum to
+    # total (the sum is continuous and non-decreasing in lam, so bisection finds it).
+    # Fixing the clipped ranks round by round can over-commit when some ranks hit the
+    # floor and others the ceiling in the same round.
+    low, high = 0.0, hi / s.min()
+    for _ in range(200):
+        lam = (low + high) / 2
+        if np.clip(lam * s, lo, hi).sum() < total:
+            low = lam
+        else:
+            high = lam
+    share = np.clip(high * s, lo, hi)
     sizes = np.floor(share).astype(np.int64)
     rest = total - int(sizes.sum())
     frac = share - sizes
