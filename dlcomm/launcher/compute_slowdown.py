@@ -16,14 +16,15 @@ Before each block the rank sleeps ``(1/speed - 1) x`` the CPU time the calling t
 in the previous block (``time.thread_time``; the sleep itself not counted), so its compute
 takes ``1/speed`` times as long while its network and engine thread run at full speed. CPU
 time, not wall time: on a machine whose cores the emulated hosts share, a block's wall time
-also holds the time it waited for a core, and multiplying that too made the straggler
-slower whenever the other ranks were busy (under LB-BSP) than when they were idle (under
-BSP). With more than one intra-op thread, the other threads' work is not counted. The sleep comes *before* the forward pass: with
-wait-free backpropagation the all-reduces start during backward, so a delay after backward
-would hide behind communication instead of delaying it. The first block runs at full speed
-(nothing measured yet). With ``JITTER`` the speed of block ``t`` is drawn uniformly from
-``SPEED +- JITTER`` (clipped to [0.05, 1]) by a numpy Generator seeded from ``(seed, host)``,
-so every run draws the same sequence (``compute_speeds``).
+also holds the time it waited for a core, and multiplying that too made the straggler slower
+whenever the other ranks were busy (under LB-BSP) than when they were idle (under BSP). With
+more than one intra-op thread, the other threads' work is not counted. The sleep comes
+*before* the forward pass: with wait-free backpropagation the all-reduces start during
+backward, so a delay after backward would hide behind communication instead of delaying it.
+The first block runs at full speed (nothing measured yet). With ``JITTER`` the speed of
+block ``t`` is drawn uniformly from ``SPEED +- JITTER`` (clipped to [0.05, 1]) by a numpy
+Generator seeded from ``(seed, host)``, so every run draws the same sequence
+(``compute_speeds``).
 """
 from __future__ import annotations
 

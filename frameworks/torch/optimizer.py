@@ -279,9 +279,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     sync_mode, sync_options = resolve_sync(sync)
     tolerance = resolve_loss_tolerance(loss_tolerance)  # None: DLCOMM_LOSS_TOLERANCE
     if sync_mode != "bsp" or tolerance > 0:
-        if schedule != "wfbp":
+        if schedule != "wfbp" and not (sync_mode == "lbbsp" and schedule == "none"):
             raise ValueError(f"sync={sync_mode!r}/loss_tolerance replace the all-reduce "
-                             f"schedule; drop schedule={schedule!r}")
+                             f"schedule; drop schedule={schedule!r} (LB-BSP also takes "
+                             f"schedule='none')")
         return make_sync_optimizer(
             sync_mode, sync_options, tolerance, optimizer, named_parameters,
             default=lambda: DistributedOptimizer(
@@ -290,7 +291,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                 schedule, "bsp", 0.0),
             compression=compression, backward_passes_per_step=backward_passes_per_step,
             op=op, gradient_predivide_factor=gradient_predivide_factor, groups=group_list,
-            sparse_as_dense=sparse_as_dense, process_set=process_set)
+            sparse_as_dense=sparse_as_dense, process_set=process_set, schedule=schedule)
     if schedule != "wfbp":
         return make_scheduled_optimizer(
             schedule, optimizer, named_parameters, compression=compression,

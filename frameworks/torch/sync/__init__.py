@@ -101,7 +101,7 @@ def make_sync_optimizer(mode: str, options: dict[str, Any], loss_tolerance: floa
 
     ``default()`` builds the plain (BSP) optimizer, used where a mode reduces to BSP
     (DS-Sync with ``group_size >= size()``). ``kwargs`` are DistributedOptimizer's validated
-    arguments.
+    arguments and its ``schedule`` (LB-BSP takes ``wfbp`` or ``none``).
     """
     if mode != "bsp" and loss_tolerance > 0:
         raise ValueError(f"loss_tolerance applies to sync='bsp'; got sync={mode!r} too")

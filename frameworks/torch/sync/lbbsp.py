@@ -3,7 +3,9 @@ gradient), local batch sizes re-sized after every step from measured compute spe
 batch sampler that hands out each rank's slice of one shuffled stream.
 
 The optimizer keeps the wait-free backpropagation of the default path (each gradient is
-all-reduced as backward produces it), scaled by ``b_i / B`` and summed (``op=Sum``). The compute
+all-reduced as backward produces it), scaled by ``b_i / B`` and summed (``op=Sum``); with
+``schedule="none"`` the scaled gradients are all-reduced in one grouped request in ``step()``
+instead (no communication while the ranks compute). The compute
 time of an iteration is measured from the end of the previous ``step()`` to the start of this
 one (data loading, forward, backward), so time spent waiting for other ranks does not count.
 """
@@ -23,36 +25,58 @@ def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          options: dict[str, Any], *, compression: Any,
                          backward_passes_per_step: int, op: Any,
                          gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
-                         process_set: Any) -> torch.optim.Optimizer:
-    """The default (wfbp) optimizer with LB-BSP's weighting and batch re-sizing.
+                         process_set: Any, schedule: str = "wfbp") -> torch.optim.Optimizer:
+    """The default (``wfbp``) or the ``none`` schedule's optimizer with LB-BSP's weighting
+    and batch re-sizing.
 
     ``optimizer.balancer`` is the ``BatchBalancer``; hand it to ``BalancedBatchSampler``.
     """
     from dlcomm.basics import rank, size
     from dlcomm.ops import Sum
     from dlcomm.process_sets import global_process_set
-    from dlcomm.torch.optimizer import _DistributedOptimizer
+    from dlcomm.torch.optimizer import _DistributedOptimizer, _parameter_names
+    from dlcomm.torch.schedules.base import build
 
     if process_set is not global_process_set:
         raise ValueError("sync='lbbsp' balances over all ranks; process_set must be global")
     if gradient_predivide_factor != 1.0:
         raise ValueError("sync='lbbsp' weights gradients by b_i/B; gradient_predivide_factor "
                          "must be 1")
+    if schedule not in ("wfbp", "none"):
+        raise ValueError(f"sync='lbbsp' runs with schedule 'wfbp' (default) or 'none'; got "
+                         f"{schedule!r}")
     balancer = BatchBalancer(options["global_batch"], size(), rank(),
                              min_batch=options.get("min_batch", 1),
                              max_batch=options.get("max_batch"),
                              predictor=options.get("predictor", "ema"),
                              interval=options.get("interval", 8))
-    namespace = dict(_DistributedOptimizer.__dict__)
-    namespace.update(_submit=_weighted_submit, step=_balanced_step)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), namespace)
-    wrapped = cls(optimizer.param_groups, named_parameters, compression,
-                  backward_passes_per_step, Sum, 1.0, groups, sparse_as_dense,
-                  global_process_set)
+    if schedule == "none":
+        wrapped = build(_weighted_no_overlap(), optimizer,
+                        names=_parameter_names(named_parameters, optimizer.param_groups),
+                        compression=compression,
+                        backward_passes_per_step=backward_passes_per_step, op=Sum,
+                        gradient_predivide_factor=1.0, groups=groups,
+                        sparse_as_dense=sparse_as_dense, process_set=global_process_set)
+    else:
+        namespace = dict(_DistributedOptimizer.__dict__)
+        namespace.update(_submit=_weighted_submit,
+                         step=lambda self, closure=None: _balanced_step(
+                             self, closure, _DistributedOptimizer.step))
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,), namespace)
+        wrapped = cls(optimizer.param_groups, named_parameters, compression,
+                      backward_passes_per_step, Sum, 1.0, groups, sparse_as_dense,
+                      global_process_set)
     wrapped.balancer = balancer
     wrapped._lb_mark = time.perf_counter()
     wrapped.compute_seconds = []
     return wrapped
+
+
+def _scale_gradients(params: list[torch.Tensor], weight: float) -> None:
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(weight)
 
 
 def _weighted_submit(self: Any, params: list[torch.Tensor], name: str) -> Any:
@@ -61,25 +85,38 @@ def _weighted_submit(self: Any, params: list[torch.Tensor], name: str) -> Any:
     rank-specific weight is applied to the gradient before submission.)"""
     from dlcomm.torch.optimizer import _DistributedOptimizer
 
-    weight = self.balancer.weight
-    with torch.no_grad():
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(weight)
+    _scale_gradients(params, self.balancer.weight)
     return _DistributedOptimizer._submit(self, params, name)
 
 
-def _balanced_step(self: Any, closure: Any = None) -> Any:
-    """Measure this rank's compute time, synchronise and step, then re-size the batches."""
-    from dlcomm.torch.optimizer import _DistributedOptimizer
-
+def _balanced_step(self: Any, closure: Any, base_step: Any) -> Any:
+    """Measure this rank's compute time, synchronise and step (``base_step``), then re-size
+    the batches."""
     compute = max(time.perf_counter() - self._lb_mark, 1e-6)
     self.compute_seconds.append(compute)
-    result = _DistributedOptimizer.step(self, closure)
+    result = base_step(self, closure)
     if len(self.compute_seconds) > 1:  # the first "iteration" also timed the job's set-up
         self.balancer.update(self.balancer.local_batch, compute)
     self._lb_mark = time.perf_counter()
     return result
+
+
+def _weighted_no_overlap() -> type:
+    from dlcomm.torch.schedules.baseline import NoOverlapSchedule
+
+    class WeightedNoOverlap(NoOverlapSchedule):
+        """The ``none`` schedule with gradients scaled by ``b_i / B`` before the sum."""
+
+        def _submit_allreduce(self, params: list[torch.Tensor], name: str) -> Any:
+            for p in params:
+                self._dense_grad(p)  # zeros where backward did not reach: scaled alike
+            _scale_gradients(params, self.balancer.weight)
+            return NoOverlapSchedule._submit_allreduce(self, params, name)
+
+        def step(self, closure: Any = None) -> Any:
+            return _balanced_step(self, closure, NoOverlapSchedule.step)
+
+    return WeightedNoOverlap
 
 
 class BalancedBatchSampler:
