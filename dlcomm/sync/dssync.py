@@ -12,9 +12,10 @@ and at the end).
 Why group averages bypass dlcomm's engine: the engine negotiates every request with a
 coordinator over *all* ranks each cycle, so a group could start only when every rank's
 engine had joined that cycle, which couples all groups every step and undoes what DS-Sync
-is for. The partition is known everywhere, so nothing needs negotiating: each group runs one
-``MPI_Allreduce`` on its own communicator from the calling thread (dlcomm initialises MPI
-with ``MPI_THREAD_MULTIPLE``). Measured at 8 emulated hosts x 1 Gbit/s (docs/heterogeneity.md).
+is for. The partition is known everywhere, so nothing needs negotiating: each group meets in
+a polled ``MPI_Ibarrier`` and runs one ``MPI_Allreduce`` on its own communicator from the
+calling thread (dlcomm initialises MPI with ``MPI_THREAD_MULTIPLE``). Measured at 8 emulated
+hosts x 1 Gbit/s in docs/heterogeneity.md.
 """
 from __future__ import annotations
 
@@ -107,15 +108,15 @@ class GroupCycle:
         comm.Allgather(mine, every)
         if not (every == mine).all():
             ranks = self._groups[self._comms.index(comm)]
-            got = {ranks[i]: (int(c), np.dtype(_CODES[int(d)]).name if 0 <= d < len(_CODES)
-                              else "?") for i, (c, d) in enumerate(every)}
+            got = {ranks[i]: (int(c), _CODES[int(d)] if 0 <= d < len(_CODES) else "other")
+                   for i, (c, d) in enumerate(every)}
             raise ValueError(f"DS-Sync group {ranks} averages different parameters on its "
                              f"members: (elements, dtype) per rank {got}; every rank must "
                              f"pass the same model")
         self._checked.add(key)
 
 
-_CODES = ("float16", "float32", "float64", "bfloat16", "int32", "int64")
+_CODES = ("float16", "float32", "float64")
 
 
 def _dtype_code(dtype: np.dtype) -> int:
@@ -134,10 +135,13 @@ def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
     arrays = list(arrays)
     if not arrays:
         return arrays
-    dtype = arrays[0].dtype
     for a in arrays:
         if not isinstance(a, np.ndarray):
             raise TypeError(f"average_in_group takes numpy arrays, got {type(a).__name__}")
+    dtype = arrays[0].dtype
+    if dtype.name not in _CODES:
+        raise TypeError(f"average_in_group averages float16/32/64 arrays, got {dtype}")
+    for a in arrays:
         if a.dtype != dtype:
             raise ValueError(f"average_in_group takes one dtype per call, got {dtype} and "
                              f"{a.dtype}")
