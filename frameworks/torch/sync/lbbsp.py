@@ -59,9 +59,7 @@ def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                         sparse_as_dense=sparse_as_dense, process_set=global_process_set)
     else:
         namespace = dict(_DistributedOptimizer.__dict__)
-        namespace.update(_submit=_weighted_submit,
-                         step=lambda self, closure=None: _balanced_step(
-                             self, closure, _DistributedOptimizer.step))
+        namespace.update(_submit=_weighted_submit, step=_balanced_wfbp_step)
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,), namespace)
         wrapped = cls(optimizer.param_groups, named_parameters, compression,
                       backward_passes_per_step, Sum, 1.0, groups, sparse_as_dense,
@@ -99,6 +97,13 @@ def _balanced_step(self: Any, closure: Any, base_step: Any) -> Any:
         self.balancer.update(self.balancer.local_batch, compute)
     self._lb_mark = time.perf_counter()
     return result
+
+
+def _balanced_wfbp_step(self: Any, closure: Any = None) -> Any:
+    """Measure this rank's compute time, wait for the gradients, step, re-size the batches."""
+    from dlcomm.torch.optimizer import _DistributedOptimizer
+
+    return _balanced_step(self, closure, _DistributedOptimizer.step)
 
 
 def _weighted_no_overlap() -> type:
