@@ -18,6 +18,7 @@ from dlcomm.ops import Average, ReduceOp, as_reduce_op
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.torch import mpi_ops
 from dlcomm.torch.compression import CoreCompressor, NoneCompressor, resolve
+from dlcomm.torch.gradient_allreduce import start_gradient_allreduce
 
 
 class _Pending:
@@ -105,26 +106,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     return self._submit_sparse(p, name)
                 p.grad = p.grad.to_dense()
         pre, post = self._scales()
-        grads = [p.grad for p in params]
-        packed, ctxs = zip(*(self._compression.compress(g) for g in grads))
-        if len(params) == 1:
-            handle = mpi_ops.allreduce_async_(
-                packed[0], name=f"allreduce.{name}", op=self._op, prescale_factor=pre,
-                postscale_factor=post, process_set=self._process_set,
-                compression=self._core_compressor)
-        else:
-            handle = mpi_ops.grouped_allreduce_async_(
-                list(packed), name=f"allreduce.{name}", op=self._op, prescale_factor=pre,
-                postscale_factor=post, process_set=self._process_set,
-                compression=self._core_compressor)
-
-        def finish() -> None:
-            handle.wait()
-            for g, c, ctx in zip(grads, packed, ctxs):
-                if c is not g:  # a cast (fp16): bring the result back to the gradient
-                    g.copy_(self._compression.decompress(c, ctx))
-
-        return _Pending(handle, finish)
+        return _Pending(None, start_gradient_allreduce(
+            [p.grad for p in params], f"allreduce.{name}", compression=self._compression,
+            core_compressor=self._core_compressor, op=self._op, prescale_factor=pre,
+            postscale_factor=post, process_set=self._process_set))
 
     def _submit_sparse(self, p: torch.Tensor, name: str) -> _Pending:
         """Sparse gradients: all-gather indices and values, then sum (as Horovod does)."""

@@ -17,8 +17,8 @@ import torch
 
 from dlcomm.ops import Average, ReduceOp
 from dlcomm.process_sets import ProcessSet
-from dlcomm.torch import mpi_ops
 from dlcomm.torch.compression import CoreCompressor
+from dlcomm.torch.gradient_allreduce import start_gradient_allreduce
 
 _instances = itertools.count()  # optimizers are built in the same order on every rank
 
@@ -84,21 +84,12 @@ class ScheduleBase:
 
     def _submit_allreduce(self, params: list[torch.Tensor], name: str) -> GroupHandle:
         """Start one grouped in-place all-reduce of these parameters' gradients."""
-        grads = [self._dense_grad(p) for p in params]
         pre, post = self._scales()
-        packed, ctxs = zip(*(self._compression.compress(g) for g in grads))
-        handle = mpi_ops.grouped_allreduce_async_(
-            list(packed), name=f"{self._prefix}.{name}", op=self._op, prescale_factor=pre,
-            postscale_factor=post, process_set=self._process_set,
-            compression=self._core_compressor)
-
-        def finish() -> None:
-            handle.wait()
-            for g, c, ctx in zip(grads, packed, ctxs):
-                if c is not g:  # a cast (fp16): bring the result back into the gradient
-                    g.copy_(self._compression.decompress(c, ctx))
-
-        return GroupHandle(finish)
+        return GroupHandle(start_gradient_allreduce(
+            [self._dense_grad(p) for p in params], f"{self._prefix}.{name}",
+            compression=self._compression, core_compressor=self._core_compressor,
+            op=self._op, prescale_factor=pre, postscale_factor=post,
+            process_set=self._process_set))
 
     def _record_step_for_autotune(self) -> None:
         """Feed this step's time to the autotuner (all ranks at the same step)."""
