@@ -96,10 +96,11 @@ class GroupCycle:
         """This rank's group communicator (mpi4py) at ``step``."""
         return self._comms[_check_int(step, "step", 0) % self.cycle]
 
-    def check_layout(self, comm: Any, dtype: np.dtype, count: int) -> None:
-        """Raise on every member if the group's members average different layouts (a
-        mismatch would otherwise hang or corrupt ``MPI_Allreduce``); checked once per
-        communicator and layout."""
+    def check_layout(self, step: int, dtype: np.dtype, count: int) -> None:
+        """Raise on every member if the members of this rank's group at ``step`` average
+        different layouts (a mismatch would otherwise hang or corrupt ``MPI_Allreduce``);
+        checked once per communicator and layout."""
+        comm, ranks = self.comm(step), self.group_ranks(step)
         key = (id(comm), dtype.str, count)
         if key in self._checked:
             return
@@ -107,7 +108,6 @@ class GroupCycle:
         every = np.empty((comm.Get_size(), 2), dtype=np.int64)
         comm.Allgather(mine, every)
         if not (every == mine).all():
-            ranks = self._groups[self._comms.index(comm)]
             got = {ranks[i]: (int(c), _CODES[int(d)] if 0 <= d < len(_CODES) else "other")
                    for i, (c, d) in enumerate(every)}
             raise ValueError(f"DS-Sync group {ranks} averages different parameters on its "
@@ -150,7 +150,7 @@ def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
     if members == 1:
         return arrays
     count = sum(a.size for a in arrays)
-    cycle.check_layout(comm, dtype, count)
+    cycle.check_layout(step, dtype, count)
     work = np.float32 if dtype == np.float16 else dtype
     buf = np.empty(count, dtype=work)
     pos = 0

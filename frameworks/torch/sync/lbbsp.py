@@ -113,8 +113,6 @@ def _weighted_no_overlap() -> type:
         """The ``none`` schedule with gradients scaled by ``b_i / B`` before the sum."""
 
         def _submit_allreduce(self, params: list[torch.Tensor], name: str) -> Any:
-            for p in params:
-                self._dense_grad(p)  # zeros where backward did not reach: scaled alike
             _scale_gradients(params, self.balancer.weight)
             return NoOverlapSchedule._submit_allreduce(self, params, name)
 
