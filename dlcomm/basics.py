@@ -18,6 +18,7 @@ from dlcomm.process_sets import ProcessSet, global_process_set
 class _State:
     config: Config
     engine: Any  # dlcomm.engine.engine.Engine (imported in init: it loads MPI)
+    comm: Any  # the mpi4py communicator dlcomm was started on
     rank: int
     size: int
     local_rank: int
@@ -70,7 +71,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
     cross = comm.Split(color=local.Get_rank(), key=rank)
     global_process_set.ranks = list(range(size))
     _state = _State(
-        config=config, engine=Engine(config, comm), rank=rank, size=size,
+        config=config, engine=Engine(config, comm), comm=comm, rank=rank, size=size,
         local_rank=local.Get_rank(), local_size=local.Get_size(),
         cross_rank=cross.Get_rank(), cross_size=cross.Get_size(),
         process_sets={0: global_process_set},

@@ -104,3 +104,40 @@ if rank == 0:
     print("DSSYNC OK")
 hvd.shutdown()
 ''', tmp_path, timeout=240)
+
+
+def test_sync_modes_follow_a_dlcomm_started_on_a_subset(tmp_path) -> None:
+    """init(comm=...) on parts of the world ([0, 1, 2] and [3]): DS-Sync and DLCP from the
+    torch adapter average within their own part (they build their communicators from
+    dlcomm's, not the world's)."""
+    run_mpi(4, r'''
+import torch
+from mpi4py import MPI
+import dlcomm.torch as hvd
+from dlcomm.sync.dssync import partition
+world = MPI.COMM_WORLD.Get_rank()
+part = [0, 1, 2] if world < 3 else [3]
+hvd.init(comm=part)
+assert hvd.size() == len(part)
+
+def one_step(**sync):
+    model = torch.nn.Linear(4, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   named_parameters=model.named_parameters(), **sync)
+    opt.zero_grad()
+    model(torch.full((1, 4), float(world + 1))).sum().backward()  # gradient: world rank + 1
+    opt.step()
+    return model.weight.detach().reshape(-1)
+
+def minus_mean(ranks):  # dlcomm ranks of this part -> minus the mean of (world rank + 1)
+    return -sum(part[r] + 1 for r in ranks) / len(ranks)
+
+group = next(g for g in partition(hvd.size(), 2, 0, 0) if hvd.rank() in g)
+cases = [({"sync": "dssync:group_size=2"}, minus_mean(group)),  # 3 ranks: groups of 2 and 1
+         ({"loss_tolerance": 0.1}, minus_mean(range(hvd.size())))]  # tiny tensor: no loss
+for sync, expected in cases:
+    w = one_step(**sync)
+    assert torch.allclose(w, torch.full((4,), expected)), (world, sync, w, expected)
+hvd.shutdown()
+''', tmp_path, timeout=180)

@@ -134,7 +134,7 @@ class BoundedLossExchange:
         from mpi4py import MPI
 
         self._MPI = MPI
-        base = base_comm(comm, "BoundedLossExchange")
+        base = base_comm(comm)
         self.comms = [base.Dup() for _ in range(int(channels))]
         self.rank, self.size = base.Get_rank(), base.Get_size()
         self.p = float(loss_tolerance)

@@ -72,7 +72,7 @@ class GroupCycle:
         self.group_size = _check_int(group_size, "group_size", 1)
         self.seed = _check_int(seed, "seed", 0)
         self.cycle = _check_int(cycle, "cycle", 1)
-        base = base_comm(comm, "GroupCycle")
+        base = base_comm(comm)
         self.num_ranks, me = base.Get_size(), base.Get_rank()
         self.partitions = [partition(self.num_ranks, self.group_size, self.seed, k)
                            for k in range(self.cycle)]

@@ -8,16 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 
-def base_comm(comm: Any, what: str) -> Any:
-    """``comm``, or ``MPI.COMM_WORLD`` when dlcomm runs on all of it; refuses the world when
-    dlcomm was started on a subset (``init(comm=...)``): then ``comm=`` must be given."""
-    from mpi4py import MPI
-
+def base_comm(comm: Any = None) -> Any:
+    """``comm`` if given, else the communicator dlcomm was started on (``init(comm=...)``,
+    so a job that runs dlcomm on a subset of the world needs nothing more), else
+    ``MPI.COMM_WORLD`` when dlcomm is not running."""
     from dlcomm import basics
 
     if comm is not None:
         return comm
-    if basics.is_initialized() and basics.size() != MPI.COMM_WORLD.Get_size():
-        raise ValueError(f"dlcomm runs on a subset of MPI_COMM_WORLD: pass comm= (the same "
-                         f"ranks) to {what}")
+    if basics.is_initialized():
+        return basics.state().comm
+    from mpi4py import MPI
+
     return MPI.COMM_WORLD
