@@ -6,7 +6,8 @@ class DLCommError(RuntimeError):
 
 
 class MismatchError(DLCommError):
-    """Ranks submitted the same tensor name with different shape, dtype, op or root."""
+    """Ranks submitted the same tensor name with different shape, dtype, op or root, or built
+    a sync algorithm (DS-Sync, LB-BSP, DLCP) with different settings."""
 
 
 class StallError(DLCommError):

@@ -23,12 +23,14 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from dlcomm.comm.polling import wait_polling
+from dlcomm.sync.agreement import check_same_settings
 from dlcomm.sync.world_comm import base_comm
 
 HEADER_TAG = 0
@@ -91,6 +93,20 @@ def plan_chunks(sizes: Sequence[int], protected: Sequence[bool], num_ranks: int,
     return chunks
 
 
+def layout_fingerprint(sizes: Sequence[int], protected: Sequence[bool]) -> dict[str, Any]:
+    """Tensors, elements and a checksum of (size, protected) per tensor: compared across
+    ranks without sending every size. Never raises (it runs before a collective check, so
+    a bad argument on one rank must not leave the others waiting): input it cannot read is
+    described instead and refused after the check."""
+    try:
+        pairs = np.array([[int(n), bool(p)] for n, p in zip(sizes, protected)],
+                         dtype=np.int64).reshape(-1, 2)
+        return {"tensors": len(sizes), "elements": int(pairs[:, 0].sum()),
+                "layout checksum": zlib.crc32(pairs.tobytes()) ^ len(protected)}
+    except (TypeError, ValueError, OverflowError):
+        return {"layout": f"unreadable sizes/protected: {str(sizes)[:60]}"}
+
+
 def droppable_mask(chunks: Sequence[Chunk], magnitudes: np.ndarray, num_layers: int,
                    loss_tolerance: float) -> np.ndarray:
     """Which of ``chunks`` (all bound for one owner) may be dropped: the lowest-priority
@@ -135,6 +151,9 @@ class BoundedLossExchange:
 
         self._MPI = MPI
         base = base_comm(comm)
+        check_same_settings(base, "DLCP's BoundedLossExchange", {
+            "loss_tolerance": float(loss_tolerance), "chunk_elems": int(chunk_elems),
+            "channels": int(channels), **layout_fingerprint(sizes, protected)})
         self.comms = [base.Dup() for _ in range(int(channels))]
         self.rank, self.size = base.Get_rank(), base.Get_size()
         self.p = float(loss_tolerance)

@@ -28,6 +28,7 @@ import numpy as np
 from dlcomm import mpi_ops
 from dlcomm.comm.polling import wait_polling
 from dlcomm.ops import Average
+from dlcomm.sync.agreement import check_same_settings
 from dlcomm.sync.world_comm import base_comm
 
 DEFAULT_CYCLE = 8
@@ -73,6 +74,8 @@ class GroupCycle:
         self.seed = _check_int(seed, "seed", 0)
         self.cycle = _check_int(cycle, "cycle", 1)
         base = base_comm(comm)
+        check_same_settings(base, "DS-Sync's GroupCycle", {
+            "group_size": self.group_size, "seed": self.seed, "cycle": self.cycle})
         self.num_ranks, me = base.Get_size(), base.Get_rank()
         self.partitions = [partition(self.num_ranks, self.group_size, self.seed, k)
                            for k in range(self.cycle)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -206,6 +207,7 @@ class BatchBalancer:
             max_batch, "max_batch", 1)
         self.interval = _check_int(interval, "interval", 1)
         self.predictor = make_predictor(predictor) if isinstance(predictor, str) else predictor
+        self.predictor_name = predictor if isinstance(predictor, str) else type(predictor).__name__
         if not hasattr(self.predictor, "observe") or not hasattr(self.predictor, "predict"):
             raise TypeError("predictor must be 'ema', 'narx', 'narx-ridge' or an object with "
                             "observe(speeds, batches) and predict()")
@@ -214,6 +216,19 @@ class BatchBalancer:
         self.iterations = 0
         self._samples = 0.0  # this rank's samples and compute seconds in the current interval
         self._seconds = 0.0
+
+    def check_same_on_all_ranks(self, comm: Any = None) -> None:
+        """Raise ``MismatchError`` on every rank unless all ranks built their balancer with
+        the same settings (different global batches or bounds would hand out overlapping
+        samples and wrong weights; different intervals would meet in the speed all-gather at
+        different iterations). Collective over ``comm`` (default: dlcomm's ranks)."""
+        from dlcomm.sync.agreement import check_same_settings
+        from dlcomm.sync.world_comm import base_comm
+
+        check_same_settings(base_comm(comm), "LB-BSP's BatchBalancer", {
+            "global_batch": self.global_batch, "num_ranks": self.num_ranks,
+            "min_batch": self.min_batch, "max_batch": self.max_batch,
+            "interval": self.interval, "predictor": self.predictor_name})
 
     @property
     def local_batch(self) -> int:

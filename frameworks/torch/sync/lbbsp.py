@@ -50,6 +50,7 @@ def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                              max_batch=options.get("max_batch"),
                              predictor=options.get("predictor", "ema"),
                              interval=options.get("interval", 8))
+    balancer.check_same_on_all_ranks()
     if schedule == "none":
         wrapped = build(_weighted_no_overlap(), optimizer,
                         names=_parameter_names(named_parameters, optimizer.param_groups),
