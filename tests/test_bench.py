@@ -207,6 +207,33 @@ def test_train_is_registered_and_validates_its_arguments() -> None:
         cli.main(["bench", "train", "--np", "0"])
 
 
+
+def test_corun_validates_and_times_alone_against_together(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "corun", "--copies", "0"])
+    assert "must be >= 1" in capsys.readouterr().err
+    out = tmp_path / "corun.json"
+    assert cli.main(["bench", "corun", "--kernel", "matmul", "--size", "32", "--iters", "2",
+                     "--rounds", "2", "--json", str(out)]) == 0
+    table_text = capsys.readouterr().out
+    assert "| median |" in table_text
+    assert len(re.findall(r"\| \**\d+\.\d\dx\** \|", table_text)) == 3  # 2 rounds, median
+    result = json.loads(out.read_text())
+    assert result["copies"] == 2 and len(result["rounds"]) == 2
+    for row in result["rounds"]:
+        assert row["alone"]["wall_s"] > 0 and row["together"]["wall_s"] > 0
+
+
+def test_corun_cnn_kernel_runs_the_demo_shaped_network() -> None:
+    pytest.importorskip("torch")
+    from dlcomm.bench.corun import measure
+
+    rows = measure("cnn", copies=2, batch=4, size=1, iters=1, rounds=1)
+    assert rows[0]["slowdown"] > 0 and rows[0]["alone"]["cpu_s"] > 0
+
+
 # --- formatting --------------------------------------------------------------------------
 def _peer(median: float, nbytes: int, check: str = "OK") -> dict:
     return {"median_s": median, "min_s": median, "max_s": median, "iters": 3,

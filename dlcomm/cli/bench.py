@@ -21,6 +21,7 @@ EXIT_NOT_AVAILABLE = 2
 # such modules keep their heavy imports inside their handlers.
 EXTERNAL_ACTIONS: dict[str, str] = {
     "train": "dlcomm.bench.train",
+    "corun": "dlcomm.bench.corun",
 }
 
 
