@@ -68,12 +68,20 @@ class ComputeStraggler:
             raise ValueError(f"compute jitter must be >= 0, got {self.jitter!r}")
 
 
+def jittered_speeds(rng: np.random.Generator, speed: float, jitter: float, count: int,
+                    minimum: float) -> np.ndarray:
+    """``count`` speeds drawn uniformly from ``speed +- jitter``, clipped to
+    ``[minimum, 1]`` (no draw at all without jitter, so the stream stays reproducible)."""
+    draw = rng.uniform(-jitter, jitter, count) if jitter else np.zeros(count)
+    return np.clip(speed + draw, minimum, 1.0)
+
+
 def iter_compute_speeds(item: ComputeStraggler, seed: int) -> Iterator[float]:
     """Endless speeds of host ``item.host``, one per compute block (pure, seeded)."""
     rng = np.random.default_rng([int(seed), _STREAM, item.host])
     while True:
-        draw = rng.uniform(-item.jitter, item.jitter, 1024) if item.jitter else np.zeros(1024)
-        yield from (float(s) for s in np.clip(item.speed + draw, MIN_SPEED, 1.0))
+        yield from (float(s) for s in jittered_speeds(rng, item.speed, item.jitter, 1024,
+                                                      MIN_SPEED))
 
 
 def compute_speeds(item: ComputeStraggler, seed: int, steps: int) -> np.ndarray:

@@ -38,7 +38,11 @@ from typing import Any
 import numpy as np
 
 from dlcomm.launcher.compute_slowdown import ENV_VAR as COMPUTE_ENV_VAR
-from dlcomm.launcher.compute_slowdown import ComputeStraggler, format_compute_env
+from dlcomm.launcher.compute_slowdown import (
+    ComputeStraggler,
+    format_compute_env,
+    jittered_speeds,
+)
 from dlcomm.launcher.emulate_plan import (
     BRIDGE_NAMESPACE,
     HOST_INTERFACE,
@@ -182,8 +186,7 @@ def congestion_schedule(item: LinkCongestion, seed: int, horizon_s: float
 def cpu_speeds(item: CpuSlowdown, seed: int, periods: int) -> np.ndarray:
     """Speed of host ``item.host`` in each of ``periods`` duty periods (pure, seeded)."""
     rng = np.random.default_rng([seed, 2, item.host])
-    draw = rng.uniform(-item.jitter, item.jitter, periods) if item.jitter else np.zeros(periods)
-    return np.clip(item.speed + draw, 0.02, 1.0)
+    return jittered_speeds(rng, item.speed, item.jitter, periods, 0.02)
 
 
 def namespace_pids(namespace: str) -> list[int]:
