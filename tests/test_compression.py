@@ -341,3 +341,26 @@ def test_throughput_script_runs_and_reports_every_spec():
     assert "`powersgd:rank=2`" in table and "approx (threshold)" in table
     with pytest.raises(ValueError, match="multiples of 1024"):
         measure_throughput(sizes=(1000,))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 2000), ranks=st.integers(1, 5), ratio=st.floats(0.001, 1.0),
+       dtype=st.sampled_from(["float16", "float32", "float64"]),
+       op=st.sampled_from(["sum", "average"]), seed=st.integers(0, 1000),
+       cast=st.sampled_from([None, "fp16"]))
+def test_sparse_decompress_all_has_the_bits_of_the_dense_aggregate(
+        n: int, ranks: int, ratio: float, dtype: str, op: str, seed: int,
+        cast: str | None) -> None:
+    """Top-k's one-buffer scatter-add of every rank's payloads equals decompressing each
+    rank densely and adding (bit for bit), also behind error feedback and a payload cast."""
+    rng = np.random.default_rng(seed)
+    spec = f"topk:ratio={ratio!r}" + (f"+{cast}" if cast else "")
+    comps = [get_compressor(spec, min_compress_size=1, compress_1d=True) for _ in range(ranks)]
+    tensors = [rng.standard_normal((n,)).astype(dtype) for _ in range(ranks)]
+    sent = [c.compress(t, "w") for c, t in zip(comps, tensors)]
+    per_rank = [payloads for payloads, _ in sent]
+    ctx = sent[0][1]
+    fast = comps[0].decompress_all(per_rank, ctx, op)
+    slow = comps[0].aggregate([comps[0].decompress(p, ctx) for p in per_rank], op)
+    assert fast.dtype == slow.dtype and fast.shape == slow.shape
+    assert np.array_equal(fast, slow)

@@ -20,7 +20,7 @@ does)::
     if kind == ALLREDUCE:
         out = c.decompress(result, ctx)                 # sum over ranks; / size to average
     else:  # ALLGATHER
-        out = c.aggregate([c.decompress(p, ctx) for p in result], op)
+        out = c.decompress_all(result, ctx, op)         # all ranks' payloads, combined
 
 All rounds of all tensors with the same round index can be fused into one buffer: a round's
 payloads depend only on that tensor's previous round. Results are sums; averaging divides at
@@ -157,6 +157,12 @@ class Compressor:
             out /= len(tensors)
         return out
 
+    def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
+        """Every rank's final ALLGATHER payloads combined into one tensor: by default
+        ``aggregate`` of each rank's ``decompress``; sparse compressors override it to add
+        each rank's values into one buffer instead of building a dense tensor per rank."""
+        return self.aggregate([self.decompress(p, ctx) for p in per_rank], op)
+
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         """Combine two ranks' SPARSE_MERGE payloads (lower rank first, so all ranks agree)."""
         raise NotImplementedError(f"{self.name} has no SPARSE_MERGE round")
@@ -223,6 +229,11 @@ class CompressorWrapper(Compressor):
 
     def aggregate(self, tensors: list, op: str = "average") -> object:
         return self.inner.aggregate(tensors, op)
+
+    def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
+        # Only valid while this wrapper's decompress is the inner one's; wrappers that
+        # transform payloads (PayloadCast) override it.
+        return self.inner.decompress_all(per_rank, ctx, op)
 
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         return self.inner.merge(lower, higher, ctx)

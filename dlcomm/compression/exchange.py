@@ -86,7 +86,7 @@ def compressed_allreduce(
     if rounds[-1] == ALLREDUCE:
         out = compressor.decompress(result, ctx)
         return out / out.dtype.type(comm.size) if average else out
-    return compressor.aggregate([compressor.decompress(p, ctx) for p in result], op)
+    return compressor.decompress_all(result, ctx, op)
 
 
 def sparse_tree_merge(

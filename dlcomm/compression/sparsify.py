@@ -8,7 +8,7 @@ are summable (GRACE's random-k works the same way).
 from __future__ import annotations
 
 from dlcomm.compression.array_api import array_namespace, name_seed
-from dlcomm.compression.base import ALLGATHER, ALLREDUCE, Compressor, Context
+from dlcomm.compression.base import ALLGATHER, ALLREDUCE, Compressor, Context, check_op
 from dlcomm.compression.topk_select import (
     approx_topk_indices,
     exact_topk_indices,
@@ -36,6 +36,23 @@ def scatter_dense(values: object, indices: object, ctx: Context) -> object:
     return out.reshape(ctx.shape)
 
 
+def sum_sparse(pairs: list, ctx: Context, op: str) -> object:
+    """The sum (or mean) over ranks of ``(values, flat indices)`` pairs as a dense tensor,
+    added in rank order into one zero buffer: the same bits as adding the ranks' dense
+    tensors (``x + 0 == x``), without a dense temporary per rank. Indices must be unique
+    within a pair (top-k and random-k choose distinct positions)."""
+    check_op(op)
+    if not pairs:
+        raise ValueError("sum_sparse needs at least one rank's payloads")
+    xp = array_namespace(pairs[0][0])
+    out = xp.zeros(ctx.size, dtype=ctx.dtype)
+    for values, indices in pairs:
+        out[indices] += values
+    if op == "average":
+        out /= out.dtype.type(len(pairs))
+    return out.reshape(ctx.shape)
+
+
 class TopK(Compressor):
     """Keep the ``ratio * n`` largest magnitudes (``approx=True``: MSTopK-style, about k)."""
 
@@ -57,6 +74,9 @@ class TopK(Compressor):
     def decompress(self, payloads: list, ctx: Context) -> object:
         values, indices = payloads
         return scatter_dense(values, indices, ctx)
+
+    def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
+        return sum_sparse([(values, indices) for values, indices in per_rank], ctx, op)
 
     def describe(self) -> str:
         return f"topk:ratio={self.ratio},approx={int(self.approx)}"
