@@ -347,14 +347,14 @@ def test_throughput_script_runs_and_reports_every_spec():
 @given(n=st.integers(1, 2000), ranks=st.integers(1, 5), ratio=st.floats(0.001, 1.0),
        dtype=st.sampled_from(["float16", "float32", "float64"]),
        op=st.sampled_from(["sum", "average"]), seed=st.integers(0, 1000),
-       cast=st.sampled_from([None, "fp16"]))
+       cast=st.sampled_from([None, "fp16"]), approx=st.booleans())
 def test_sparse_decompress_all_has_the_bits_of_the_dense_aggregate(
         n: int, ranks: int, ratio: float, dtype: str, op: str, seed: int,
-        cast: str | None) -> None:
+        cast: str | None, approx: bool) -> None:
     """Top-k's one-buffer scatter-add of every rank's payloads equals decompressing each
     rank densely and adding (bit for bit), also behind error feedback and a payload cast."""
     rng = np.random.default_rng(seed)
-    spec = f"topk:ratio={ratio!r}" + (f"+{cast}" if cast else "")
+    spec = f"topk:ratio={ratio!r},approx={int(approx)}" + (f"+{cast}" if cast else "")
     comps = [get_compressor(spec, min_compress_size=1, compress_1d=True) for _ in range(ranks)]
     tensors = [rng.standard_normal((n,)).astype(dtype) for _ in range(ranks)]
     sent = [c.compress(t, "w") for c, t in zip(comps, tensors)]

@@ -39,8 +39,8 @@ def scatter_dense(values: object, indices: object, ctx: Context) -> object:
 def sum_sparse(pairs: list, ctx: Context, op: str) -> object:
     """The sum (or mean) over ranks of ``(values, flat indices)`` pairs as a dense tensor,
     added in rank order into one zero buffer: the same bits as adding the ranks' dense
-    tensors (``x + 0 == x``), without a dense temporary per rank. Indices must be unique
-    within a pair (top-k and random-k choose distinct positions)."""
+    tensors (``x + 0 == x``), without a dense temporary per rank. (A position repeated
+    within one pair keeps its last value, as ``scatter_dense`` does.)"""
     check_op(op)
     if not pairs:
         raise ValueError("sum_sparse needs at least one rank's payloads")

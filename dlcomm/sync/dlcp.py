@@ -101,8 +101,8 @@ def layout_fingerprint(sizes: Sequence[int], protected: Sequence[bool]) -> dict[
     try:
         pairs = np.array([[int(n), bool(p)] for n, p in zip(sizes, protected)],
                          dtype=np.int64).reshape(-1, 2)
-        return {"tensors": len(sizes), "elements": int(pairs[:, 0].sum()),
-                "layout checksum": zlib.crc32(pairs.tobytes()) ^ len(protected)}
+        return {"tensors": len(sizes), "protected flags": len(protected),
+                "elements": int(pairs[:, 0].sum()), "layout checksum": zlib.crc32(pairs.tobytes())}
     except (TypeError, ValueError, OverflowError):
         return {"layout": f"unreadable sizes/protected: {str(sizes)[:60]}"}
 
