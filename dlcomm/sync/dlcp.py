@@ -107,19 +107,23 @@ def layout_fingerprint(sizes: Sequence[int], protected: Sequence[bool]) -> dict[
         return {"layout": f"unreadable sizes/protected: {str(sizes)[:60]}"}
 
 
+def chunk_priority(chunks: Sequence[Chunk], magnitudes: np.ndarray,
+                   num_layers: int) -> np.ndarray:
+    """Priority of each chunk: mean |value| x (2 - depth), depth in [0, 1] from input to
+    output layer (front layers are needed first)."""
+    depth = np.array([c.layer / max(num_layers - 1, 1) for c in chunks], dtype=np.float64)
+    return np.asarray(magnitudes, dtype=np.float64) * (2.0 - depth)
+
+
 def droppable_mask(chunks: Sequence[Chunk], magnitudes: np.ndarray, num_layers: int,
                    loss_tolerance: float) -> np.ndarray:
-    """Which of ``chunks`` (all bound for one owner) may be dropped: the lowest-priority
-    unprotected ones, at most ``loss_tolerance`` of their elements in all.
-
-    Priority = mean |value| x (2 - depth), depth in [0, 1] from input to output layer.
-    """
+    """Which of ``chunks`` may be dropped: the lowest-priority (``chunk_priority``)
+    unprotected ones, at most ``loss_tolerance`` of their elements in all."""
     mask = np.zeros(len(chunks), dtype=bool)
     budget = int(np.floor(loss_tolerance * sum(c.size for c in chunks)))
     if budget <= 0:
         return mask
-    depth = np.array([c.layer / max(num_layers - 1, 1) for c in chunks])
-    score = np.asarray(magnitudes, dtype=np.float64) * (2.0 - depth)
+    score = chunk_priority(chunks, magnitudes, num_layers)
     for i in np.argsort(score, kind="stable"):
         c = chunks[i]
         if c.protected or c.size > budget:
@@ -260,10 +264,11 @@ class BoundedLossExchange:
         out_mags = (prefix[ends] - prefix[starts]) / np.maximum(ends - starts, 1)
         # One budget over everything this rank sends: at most p of its elements.
         out_drop = droppable_mask(out_chunks, out_mags, self.num_layers, self.p)
+        out_priority = chunk_priority(out_chunks, out_mags, self.num_layers)
         pos = 0
         for o in owners:
             cs = self.by_owner[o]
-            mags, drop = out_mags[pos:pos + len(cs)], out_drop[pos:pos + len(cs)]
+            priority, drop = out_priority[pos:pos + len(cs)], out_drop[pos:pos + len(cs)]
             pos += len(cs)
             header = (~drop).astype(np.uint8)
             bufs.append(header)
@@ -272,9 +277,7 @@ class BoundedLossExchange:
                 data = np.concatenate([acc[cs[i].start:cs[i].end] for i in piece])
                 bufs.append(data)
                 sends.append(self.comms[j].Isend(data, dest=o, tag=1 + j))
-            by_score = sorted(np.flatnonzero(drop).tolist(), key=lambda i: -mags[i] * (
-                2.0 - cs[i].layer / max(self.num_layers - 1, 1)))
-            for i in by_score:
+            for i in sorted(np.flatnonzero(drop).tolist(), key=lambda i: -priority[i]):
                 data = np.ascontiguousarray(acc[cs[i].start:cs[i].end])
                 bufs.append(data)
                 if self._hold_droppable:
