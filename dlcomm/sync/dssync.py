@@ -107,23 +107,17 @@ class GroupCycle:
         key = (id(comm), dtype.str, count)
         if key in self._checked:
             return
-        mine = np.array([count, _dtype_code(dtype)], dtype=np.int64)
-        every = np.empty((comm.Get_size(), 2), dtype=np.int64)
-        comm.Allgather(mine, every)
-        if not (every == mine).all():
-            got = {ranks[i]: (int(c), _CODES[int(d)] if 0 <= d < len(_CODES) else "other")
-                   for i, (c, d) in enumerate(every)}
+        mine = (int(count), np.dtype(dtype).name)
+        every = comm.allgather(mine)
+        if any(e != mine for e in every):
+            got = dict(zip(ranks, every))
             raise ValueError(f"DS-Sync group {ranks} averages different parameters on its "
                              f"members: (elements, dtype) per rank {got}; every rank must "
                              f"pass the same model")
         self._checked.add(key)
 
 
-_CODES = ("float16", "float32", "float64")
-
-
-def _dtype_code(dtype: np.dtype) -> int:
-    return _CODES.index(dtype.name) if dtype.name in _CODES else len(_CODES)
+_AVERAGED_DTYPES = ("float16", "float32", "float64")  # what average_in_group averages
 
 
 def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
@@ -142,7 +136,7 @@ def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
         if not isinstance(a, np.ndarray):
             raise TypeError(f"average_in_group takes numpy arrays, got {type(a).__name__}")
     dtype = arrays[0].dtype
-    if dtype.name not in _CODES:
+    if dtype.name not in _AVERAGED_DTYPES:
         raise TypeError(f"average_in_group averages float16/32/64 arrays, got {dtype}")
     for a in arrays:
         if a.dtype != dtype:
