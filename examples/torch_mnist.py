@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import dlcomm.torch as hvd  # dlcomm
+from dlcomm.bench.step_phases import StepPhases, format_phase_medians
 from dlcomm.launcher.compute_slowdown import ComputeSlowdown
 
 
@@ -94,6 +95,9 @@ def parse_args() -> argparse.Namespace:
                    help="DLCP bounded loss: fraction of gradient elements that may be lost")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--phase-times", action="store_true",
+                   help="print each rank's median wall and CPU time per step phase (before "
+                        "forward, forward+backward, optimizer step), from epoch 2 on")
     p.add_argument("--json", default=None, help="rank 0 writes the summary here")
     return p.parse_args()
 
@@ -142,6 +146,7 @@ def main() -> None:
               f"compression={args.compression or 'DLCOMM_COMPRESSION/none'}"
               + ("" if args.model == "cnn" else f", model={args.model}"), flush=True)
     slow = ComputeSlowdown.from_env()  # --heterogeneity compute=H:SPEED; no-op otherwise
+    phases = StepPhases(enabled=args.phase_times)
     sent_before = hvd.bytes_sent()
     train_time = 0.0
     steps = 0
@@ -166,11 +171,16 @@ def main() -> None:
             if sampler is not None:
                 idx = train_idx[next(batches)]
             data, target = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
+            phases.start()
             optimizer.zero_grad()
             with slow:  # sleeps before forward, so the all-reduces of backward start late
+                phases.mark("before")
                 loss = F.cross_entropy(model(data), target)
                 loss.backward()
+                phases.mark("compute")
             optimizer.step()
+            phases.mark("step")
+            phases.end_step(len(idx))
             running += loss.item()
         if hasattr(optimizer, "synchronize_globally"):  # DS-Sync: one model before evaluating
             optimizer.synchronize_globally()
@@ -199,6 +209,13 @@ def main() -> None:
                          name="bytes", op=hvd.Sum)
     if slow.active:
         print(f"rank {rank}: {slow}", flush=True)
+    phase_ms = None
+    if args.phase_times:  # collective: every rank passes the same flag
+        medians = hvd.allgather_object(phases.medians(skip=steps_per_epoch), name="phases")
+        phase_ms = [{k: v * 1e3 if k != "samples" else v for k, v in m.items()} for m in medians]
+        if rank == 0:
+            for r, m in enumerate(medians):
+                print(format_phase_medians(r, m, ["before", "compute", "step"]), flush=True)
     if rank == 0:
         samples = steps * args.batch_size * size
         print(f"final held-out accuracy: {stats[1].item() / n_test:.4f}")
@@ -228,7 +245,8 @@ def main() -> None:
                            "loss_tolerance": args.loss_tolerance,
                            "epoch_seconds": epoch_times,
                            "epoch_accuracy": epoch_accuracy,
-                           "step_seconds": train_time / steps}, f)
+                           "step_seconds": train_time / steps,
+                           "phase_ms": phase_ms}, f)
     hvd.shutdown()
     if not identical:
         raise SystemExit(1)

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
     ["--schedule", "dear"],
     ["--schedule", "none", "--model", "mlp"],
     ["--compression", "fp16"],
-    ["--sync", "lbbsp"],
+    ["--sync", "lbbsp", "--phase-times"],
     ["--loss-tolerance", "0.05"],
     ["--sync", "dssync:group_size=2"],  # on 4 ranks: on 2 it would be BSP
 ], ids=lambda extra: " ".join(extra) or "default")
@@ -35,3 +35,9 @@ def test_demo_learns_with_each_feature(tmp_path: Path, extra: list[str]) -> None
     result = json.loads(out.read_text())
     assert len(result["epoch_accuracy"]) == len(result["epoch_seconds"]) == 3
     assert result["accuracy"] > 0.6, proc.stdout  # chance is 0.1; dense reaches ~0.82
+    if "--phase-times" in extra:  # one median per rank and phase
+        phases = result["phase_ms"]
+        assert [sorted(p) for p in phases] == [sorted(
+            ["before", "before.cpu", "compute", "compute.cpu", "step", "step.cpu", "samples"])] * 2
+        assert all(p["compute"] > 0 and p["compute.cpu"] > 0 for p in phases)
+        assert "rank 1: median step of" in proc.stdout, proc.stdout
