@@ -136,7 +136,7 @@ def text_table(rows: list[dict[str, Any]], copies: int) -> str:
 
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench corun``."""
-    from dlcomm.cli.bench import _count
+    from dlcomm.cli.bench import count_arg
 
     p = actions.add_parser(
         "corun", help="a compute block alone against several copies at once on this machine "
@@ -147,14 +147,14 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--kernel", default="cnn", choices=KERNELS,
                    help="cnn: the demo-shaped CNN's forward+backward (needs torch); matmul: "
                    "a float32 matrix product with numpy (default cnn)")
-    p.add_argument("--batch", type=_count(1), default=256, help="cnn images per block "
+    p.add_argument("--batch", type=count_arg(1), default=256, help="cnn images per block "
                    "(default 256)")
-    p.add_argument("--size", type=_count(1), default=512, help="matmul side (default 512)")
-    p.add_argument("--copies", type=_count(1), default=2, help="processes computing at once "
+    p.add_argument("--size", type=count_arg(1), default=512, help="matmul side (default 512)")
+    p.add_argument("--copies", type=count_arg(1), default=2, help="processes computing at once "
                    "(default 2)")
-    p.add_argument("--iters", type=_count(1), default=10, help="timed blocks per process; "
+    p.add_argument("--iters", type=count_arg(1), default=10, help="timed blocks per process; "
                    "the median is kept (default 10)")
-    p.add_argument("--rounds", type=_count(1), default=3, help="alternating rounds "
+    p.add_argument("--rounds", type=count_arg(1), default=3, help="alternating rounds "
                    "(default 3)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the rounds as JSON")
     p.set_defaults(func=main)

@@ -39,7 +39,9 @@ def _size_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(minimum: int):  # noqa: ANN202 - an argparse type function
+def count_arg(minimum: int):  # noqa: ANN202 - an argparse type function
+    """An argparse type: a whole number >= ``minimum`` (for `dlcomm bench` actions)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -53,7 +55,7 @@ def _count(minimum: int):  # noqa: ANN202 - an argparse type function
 
 
 def _add_block(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--block", type=_count(1), default=5, metavar="N",
+    p.add_argument("--block", type=count_arg(1), default=5, metavar="N",
                    help="peers alternate in blocks of N timed iterations, each after the "
                    "warm-up; dlcomm's engine is stopped for the raw peer's blocks (default 5)")
 
@@ -70,19 +72,19 @@ def _add_collective(actions: argparse._SubParsersAction, collective: str) -> Non
                    help="smallest size, e.g. 8, 1K, 4M (default 4K)")
     p.add_argument("-e", "--maxbytes", type=_size, default=parse_size("64M"), metavar="SIZE",
                    help="largest size (default 64M)")
-    p.add_argument("-f", "--stepfactor", type=_count(1), default=4, metavar="F",
+    p.add_argument("-f", "--stepfactor", type=count_arg(1), default=4, metavar="F",
                    help="multiply the size by F each step (default 4)")
     p.add_argument("--sizes", type=_size_list, default=None, metavar="LIST",
                    help="explicit sizes instead of -b/-e/-f, e.g. 4K,64M")
-    p.add_argument("-w", "--warmup", type=_count(0), default=3, metavar="N",
+    p.add_argument("-w", "--warmup", type=count_arg(0), default=3, metavar="N",
                    help="untimed warm-up iterations per size (default 3)")
-    p.add_argument("-n", "--iters", type=_count(1), default=20, metavar="N",
+    p.add_argument("-n", "--iters", type=count_arg(1), default=20, metavar="N",
                    help="timed iterations per size; the median is reported (default 20)")
     p.add_argument("-d", "--dtype", default="float32", choices=DTYPES,
                    help="element type (default float32)")
     p.add_argument("-o", "--op", default="sum", choices=OPS,
                    help="reduction (allreduce and reducescatter only; default sum)")
-    p.add_argument("-r", "--root", type=_count(0), default=0,
+    p.add_argument("-r", "--root", type=count_arg(0), default=0,
                    help="broadcast's root rank (default 0)")
     _add_block(p)
     p.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
@@ -96,12 +98,12 @@ def _add_fusion(actions: argparse._SubParsersAction) -> None:
         description="N tensors of S bytes all-reduced with allreduce_async + synchronize, "
         "with grouped_allreduce, with one raw Allreduce of the same bytes concatenated, and "
         "with N raw Allreduce calls (run under dlcommrun; rank 0 prints).")
-    p.add_argument("--tensors", type=_count(1), default=200, help="N (default 200)")
+    p.add_argument("--tensors", type=count_arg(1), default=200, help="N (default 200)")
     p.add_argument("--tensor-bytes", type=_size, default=40_000, metavar="SIZE",
                    help="bytes per tensor (default 40000)")
-    p.add_argument("-w", "--warmup", type=_count(0), default=3, metavar="N",
+    p.add_argument("-w", "--warmup", type=count_arg(0), default=3, metavar="N",
                    help="untimed warm-up iterations (default 3)")
-    p.add_argument("-n", "--iters", type=_count(1), default=20, metavar="N",
+    p.add_argument("-n", "--iters", type=count_arg(1), default=20, metavar="N",
                    help="timed iterations; the median is reported (default 20)")
     p.add_argument("-d", "--dtype", default="float32", choices=("float32", "float64"))
     _add_block(p)
@@ -116,7 +118,7 @@ def _add_report(actions: argparse._SubParsersAction) -> None:
         "root and ip are available) and write a Markdown report with each command, date and "
         "machine description. What `make bench` runs.")
     p.add_argument("--output", default="docs/benchmarks.md", help="Markdown file to write")
-    p.add_argument("--np", type=_count(2), default=4, help="ranks per job (default 4)")
+    p.add_argument("--np", type=count_arg(2), default=4, help="ranks per job (default 4)")
     p.add_argument("--only", default=None, metavar="LIST",
                    help="comma-separated section names to run (default all)")
     p.add_argument("--quick", action="store_true",
