@@ -22,6 +22,7 @@ EXIT_NOT_AVAILABLE = 2
 EXTERNAL_ACTIONS: dict[str, str] = {
     "train": "dlcomm.bench.train",
     "corun": "dlcomm.bench.corun",
+    "exchange": "dlcomm.bench.exchange",
 }
 
 
