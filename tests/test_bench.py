@@ -242,12 +242,13 @@ sys.exit(rc)
 def test_exchange_bench_times_every_peer_on_real_ranks(tmp_path: Path) -> None:
     out = tmp_path / "exchange.json"
     proc = run_mpi(2, EXCHANGE_SCRIPT, tmp_path, timeout=120,
-                   args=["--sizes", "64,5000,3000", "--tolerances", "0,1e-9,0.2", "-n", "2",
-                         "-w", "1", "--blocks", "2", "--json", str(out)])
+                   args=["--sizes", "64,5000,3000", "--algorithms", "native,ring",
+                         "--tolerances", "1e-9,0.2", "-n", "2", "-w", "1", "--blocks", "2",
+                         "--json", str(out)])
     rows = json.loads(out.read_text())
     assert [(r["peer"], r["block"]) for r in rows] == [
-        (p, b) for b in (1, 2) for p in ("MPI all-reduce", "exchange p=1e-09",
-                                         "exchange p=0.2")]
+        (p, b) for b in (1, 2) for p in ("native all-reduce", "ring all-reduce",
+                                         "exchange p=1e-09", "exchange p=0.2")]
     assert all(r["median_ms"] >= r["min_ms"] > 0 and "link" not in r for r in rows)
     assert "| exchange p=0.2 | median |" in proc.stdout, proc.stdout
 
@@ -263,13 +264,16 @@ def test_exchange_bench_monitor_outside_the_emulator_fails_on_every_rank(
 
 
 def test_exchange_bench_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    for bad, message in ((["--tolerances", "0,1.5"], "in [0, 1)"),
+    for bad, message in ((["--tolerances", "0,0.5"], "in (0, 1)"),
+                         (["--algorithms", "ring,fast"], "unknown all-reduce algorithm"),
                          (["--tolerances", "x"], "comma-separated numbers"),
                          (["--sizes", "10,0"], "sizes must be >= 1"),
                          (["-n", "1"], "must be >= 2")):
         with pytest.raises(SystemExit):
             cli.main(["bench", "exchange", *bad])
         assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="nothing to time"):
+        cli.main(["bench", "exchange", "--algorithms", "", "--tolerances", ""])
 
 
 def test_corun_cnn_kernel_runs_the_demo_shaped_network() -> None:

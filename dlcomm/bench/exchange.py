@@ -1,5 +1,6 @@
-"""``dlcomm bench exchange``: DLCP's bounded-loss exchange against MPI's all-reduce on the
-same gradient, optionally with what one emulated host's link carried meanwhile.
+"""``dlcomm bench exchange``: DLCP's bounded-loss exchange against lossless all-reduces
+(MPI's own and dlcomm's algorithms) on the same gradient, optionally with what one emulated
+host's link carried meanwhile.
 
 Run under ``dlcommrun`` (every rank takes part; rank 0 prints). Each peer runs ``--blocks``
 blocks of ``--iters`` timed operations, peers alternating block by block; every operation
@@ -9,7 +10,7 @@ host H's two shapers (``link_monitor``) during the timed blocks: megabytes per s
 the rate the link actually ran at, and its peak queue.
 
     dlcommrun --emulate 4x1gbit --heterogeneity 'congest=3:50mbit:100:0.01,seed=1' \\
-        dlcomm bench exchange --tolerances 0,1e-9,0.1 --monitor-host 3
+        dlcomm bench exchange --algorithms native,ring --tolerances 1e-9,0.1 --monitor-host 3
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def _tolerance_list(text: str) -> list[float]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
             from None
-    if not values or any(not 0.0 <= v < 1.0 for v in values):
-        raise argparse.ArgumentTypeError(f"tolerances must be in [0, 1), got {text!r}")
+    if any(not 0.0 < v < 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"tolerances must be in (0, 1), got {text!r}")
     return values
 
 
@@ -46,18 +47,24 @@ def _size_list(text: str) -> list[int]:
     return values
 
 
-def peer_name(tolerance: float) -> str:
-    """``allreduce`` for 0 (MPI's lossless all-reduce, the p = 0 path's floor), else the
-    exchange at that tolerance."""
-    return "MPI all-reduce" if tolerance == 0 else f"exchange p={tolerance:g}"
+def _algorithm_list(text: str) -> list[str]:
+    from dlcomm.collectives.registry import ALLREDUCE_ALGORITHMS
+
+    names = [v.strip().lower() for v in text.split(",") if v.strip()]
+    unknown = [n for n in names if n not in ALLREDUCE_ALGORITHMS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown all-reduce algorithm(s) {unknown}; choose "
+                                         f"from {sorted(ALLREDUCE_ALGORITHMS)}")
+    return names
 
 
-def run(comm: Any, sizes: list[int], tolerances: list[float], iters: int, warmup: int,
-        blocks: int, monitor_host: int | None) -> list[dict[str, Any]]:
+def run(comm: Any, sizes: list[int], algorithms: list[str], tolerances: list[float],
+        iters: int, warmup: int, blocks: int,
+        monitor_host: int | None) -> list[dict[str, Any]]:
     """Every rank: time each peer's blocks; rank 0 gets the rows (others an empty list)."""
     import numpy as np
-    from mpi4py import MPI
 
+    from dlcomm.collectives.registry import ALLREDUCE_ALGORITHMS
     from dlcomm.launcher.link_monitor import LinkMonitor, summarize_window
     from dlcomm.sync.dlcp import BoundedLossExchange
 
@@ -74,18 +81,16 @@ def run(comm: Any, sizes: list[int], tolerances: list[float], iters: int, warmup
     if problem is not None:
         raise RuntimeError(f"--monitor-host {monitor_host}: {problem}")
     exchanges: dict[float, Any] = {}
+    peers: list[tuple[str, Any]] = [
+        (f"{name} all-reduce", lambda f=ALLREDUCE_ALGORITHMS[name]: f(comm, flat, out, "sum"))
+        for name in algorithms]
     rows = []
     try:
         for p in tolerances:
-            if p > 0:
-                exchanges[p] = BoundedLossExchange(sizes, protected, p, comm=comm)
+            exchanges[p] = BoundedLossExchange(sizes, protected, p, comm=comm)
+            peers.append((f"exchange p={p:g}", lambda ex=exchanges[p]: ex.exchange(flat)))
         for block in range(blocks):
-            for p in tolerances:
-                def once(p: float = p) -> None:
-                    if p == 0:
-                        comm.Allreduce(flat, out, op=MPI.SUM)
-                    else:
-                        exchanges[p].exchange(flat)
+            for name, once in peers:
                 for _ in range(warmup):
                     comm.Barrier()
                     once()
@@ -100,7 +105,7 @@ def run(comm: Any, sizes: list[int], tolerances: list[float], iters: int, warmup
                 comm.Barrier()
                 end = time.time()
                 slowest = np.max(np.array(comm.allgather(times)), axis=0)
-                rows.append({"peer": peer_name(p), "tolerance": p, "block": block + 1,
+                rows.append({"peer": name, "block": block + 1,
                              "median_ms": float(np.median(slowest)) * 1e3,
                              "min_ms": float(slowest.min()) * 1e3,
                              "start": start, "end": end})
@@ -152,9 +157,12 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--sizes", type=_size_list, default=list(DEMO_CNN_SIZES), metavar="LIST",
                    help="tensor sizes in elements (default: the demo CNN's, 0.83 MB); "
                    f"tensors under {PROTECT_BELOW} elements are never dropped")
-    p.add_argument("--tolerances", type=_tolerance_list, default=[0.0, 1e-9, 0.1],
-                   metavar="LIST", help="0 = MPI all-reduce; 1e-9 = the exchange with "
-                   "nothing droppable (default 0,1e-9,0.1)")
+    p.add_argument("--algorithms", type=_algorithm_list, default=["native", "ring"],
+                   metavar="LIST", help="lossless all-reduce peers by DLCOMM_ALLREDUCE_ALGORITHM"
+                   " name; native = MPI's own, the engine's default (default native,ring)")
+    p.add_argument("--tolerances", type=_tolerance_list, default=[1e-9, 0.1],
+                   metavar="LIST", help="exchange peers by loss tolerance; 1e-9 = the exchange "
+                   "with nothing droppable (default 1e-9,0.1)")
     p.add_argument("-n", "--iters", type=count_arg(2), default=15, metavar="N",
                    help="timed steps per block (default 15)")
     p.add_argument("-w", "--warmup", type=count_arg(0), default=3, metavar="N",
@@ -169,10 +177,13 @@ def register(actions: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not args.algorithms and not args.tolerances:
+        raise SystemExit("dlcomm bench exchange: nothing to time (no --algorithms, no "
+                         "--tolerances)")
     from mpi4py import MPI  # no dlcomm engine: nothing else on the links but the peers
 
-    rows = run(MPI.COMM_WORLD, args.sizes, args.tolerances, args.iters, args.warmup,
-               args.blocks, args.monitor_host)
+    rows = run(MPI.COMM_WORLD, args.sizes, args.algorithms, args.tolerances, args.iters,
+               args.warmup, args.blocks, args.monitor_host)
     if rows:
         print(text_table(rows, args.monitor_host), end="", flush=True)
         if args.json:
