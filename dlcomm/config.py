@@ -110,7 +110,9 @@ KNOBS: tuple[Knob, ...] = (
          where="setup.py"),
     Knob("allreduce_algorithm", "native", str,
          "All-reduce algorithm of dlcomm.collectives: native (MPI's own), ring, rhd, tree, "
-         "hierarchical (see docs/collectives.md).", where="get_allreduce_algorithm"),
+         "hierarchical (see docs/collectives.md). ring kept one slow link busy where native "
+         "left it idle a quarter of the time (docs/heterogeneity.md, DLCP fifth round).",
+         where="get_allreduce_algorithm"),
     Knob("hierarchical_leader_algorithm", "ring", str,
          "Algorithm among host leaders inside the hierarchical all-reduce.",
          where="HierarchicalAllreduce"),
