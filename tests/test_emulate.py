@@ -27,6 +27,7 @@ from dlcomm.launcher.emulate_plan import (
     BRIDGE_NAMESPACE,
     HOST_INTERFACE,
     SUBNET,
+    host_core_sets,
     hosts_arg,
     hosts_file_text,
     mpirun_args,
@@ -186,6 +187,36 @@ def test_nsrun_refuses_hosts_outside_the_emulation(tmp_path):
     assert proc.returncode == 255 and "not an emulated host" in proc.stderr
 
 
+def test_host_core_sets_give_each_host_its_own_cores():
+    assert host_core_sets(2, [0, 1]) == [[0], [1]]
+    assert host_core_sets(2, [3, 1, 2, 0, 4]) == [[0, 1], [2, 3]]  # core 4 left over
+    assert host_core_sets(1, {5, 7}) == [[5, 7]]
+    with pytest.raises(ValueError, match="at least one core per emulated host: 4 hosts, 2"):
+        host_core_sets(4, [0, 1])
+    with pytest.raises(ValueError, match="positive int"):
+        host_core_sets(0, [0])
+
+
+def test_nsrun_runs_each_host_on_its_cores_when_pinned(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_ip = bin_dir / "ip"  # echo what would run instead of entering a namespace
+    fake_ip.write_text('#!/bin/sh\necho "$@"\n')
+    fake_ip.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    pinned, _ = write_agent_scripts(tmp_path, [[0, 1], [2, 3]])
+    for host, cpus in (("dlc-h0", "0,1"), ("dlc-h1", "2,3")):
+        out = subprocess.run([pinned, host, "echo", "hi"], capture_output=True, text=True,
+                             timeout=10, env=env, check=True).stdout
+        assert f"{host} taskset -c {cpus} echo hi" in out, out
+    plain_dir = tmp_path / "plain"
+    plain_dir.mkdir()
+    plain, _ = write_agent_scripts(plain_dir)
+    out = subprocess.run([plain, "dlc-h1", "echo", "hi"], capture_output=True, text=True,
+                         timeout=10, env=env, check=True).stdout
+    assert "taskset" not in out and "dlc-h1 echo hi" in out
+
+
 def test_agent_scripts_need_an_existing_folder(tmp_path):
     with pytest.raises(ValueError):
         write_agent_scripts(tmp_path / "missing")
@@ -311,6 +342,27 @@ def test_two_emulated_hosts_run_an_allreduce_and_leave_nothing_behind(tmp_path):
     assert _dlc_namespaces() == []
     assert _root_has_no_emulated_objects()
     assert not list(emulate_netns.NETNS_ETC.glob("dlc-*"))
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_pinned_hosts_run_on_their_own_cores():
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    with emulated_cluster(parse_spec("2x100mbit"), wait_s=LOCK_WAIT_S,
+                          pin_hosts=True) as cluster:
+        assert cluster.core_sets == host_core_sets(2, cores)
+        for i, mine in enumerate(cluster.core_sets):
+            out = subprocess.run(
+                [*cluster.exec_prefix(i), sys.executable, "-c",
+                 "import os, socket; print(socket.gethostname(), sorted(os.sched_getaffinity(0)))"],
+                capture_output=True, text=True, timeout=30, check=True).stdout
+            assert out.strip() == f"dlc-h{i} {mine}"
+    with pytest.raises(EmulationError, match="at least one core per emulated host"):
+        with emulated_cluster(parse_spec(f"{len(cores) + 1}x100mbit"), wait_s=LOCK_WAIT_S,
+                              pin_hosts=True):
+            pass
 
 
 @needs_netns

@@ -287,8 +287,9 @@ class FakeEmulate(types.ModuleType):
         return f"spec:{text}"
 
     @contextlib.contextmanager
-    def emulated_cluster(self, spec: str, slots_per_host: int = 1):  # noqa: ANN201
-        self.calls.append(("enter", spec, slots_per_host))
+    def emulated_cluster(self, spec: str, slots_per_host: int = 1, *,  # noqa: ANN201
+                         pin_hosts: bool = False):
+        self.calls.append(("enter", spec, slots_per_host, *(["pinned"] if pin_hosts else [])))
         try:
             yield types.SimpleNamespace(
                 hosts_arg=self.hosts,
@@ -327,6 +328,15 @@ def test_emulate_builds_the_command_inside_the_cluster(
     assert "DLCOMM_EMULATE" in argv  # the cluster's env is forwarded
     rsh, btl = argv.index("plm_rsh_agent"), argv.index("btl")
     assert rsh < btl < argv.index("t.py")  # cluster args first, then the user's
+
+
+def test_pin_hosts_reaches_the_cluster_and_needs_emulate(
+    fake_emulate: FakeEmulate, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dry_run(capsys, ["--emulate", "2x1gbit", "--pin-hosts", "python", "t.py"])
+    assert ("enter", "spec:2x1gbit", 1, "pinned") in fake_emulate.calls
+    assert main(["-np", "2", "--pin-hosts", "python", "t.py"]) == 2
+    assert "--pin-hosts needs --emulate" in capsys.readouterr().err
 
 
 def test_emulate_errors(fake_emulate: FakeEmulate, capsys: pytest.CaptureFixture[str]) -> None:

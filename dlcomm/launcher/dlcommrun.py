@@ -20,7 +20,7 @@ from dlcomm.launcher.mpirun_command import build_mpirun_command, mpirun_availabl
 
 USAGE = """\
 usage: dlcommrun [-np N] [-H HOST:SLOTS,...] [--hostfile FILE] [-x NAME[=VALUE]]...
-                 [--emulate SPEC [--slots-per-host N]] [--dry-run] [--verbose]
+                 [--emulate SPEC [--slots-per-host N] [--pin-hosts]] [--dry-run] [--verbose]
                  [MPIRUN OPTIONS...] [--] COMMAND [ARGS...]
        dlcommrun --check-build
        dlcommrun --emulate down
@@ -37,6 +37,8 @@ options:
   --emulate SPEC        run on an emulated cluster, e.g. 4x1gbit (4 hosts, 1 Gbit/s links);
                         '--emulate down' removes a leftover emulation and exits
   --slots-per-host N    ranks per emulated host (default 1)
+  --pin-hosts           with --emulate: give each emulated host its own cores (cores / hosts
+                        each), as separate machines have; needs a core per host
   --heterogeneity SPEC  with --emulate: slow hosts and congest links, e.g.
                         cpu=1:0.5,congest=*:100mbit,seed=1, or slow only the compute of
                         host 1's ranks: compute=1:0.5 (docs/heterogeneity.md)
@@ -78,7 +80,8 @@ _VALUE_OPTIONS = (
     *_NP_OPTIONS, *_HOST_OPTIONS, *_HOSTFILE_OPTIONS,
     "-x", "--emulate", "--slots-per-host", "--mpirun", "--heterogeneity",
 )
-_FLAG_OPTIONS = ("--dry-run", "--check-build", "--verbose", "--version", "-h", "--help")
+_FLAG_OPTIONS = ("--dry-run", "--check-build", "--verbose", "--version", "--pin-hosts", "-h",
+                 "--help")
 
 EXIT_USAGE = 2
 EXIT_NO_MPIRUN = 127
@@ -101,6 +104,7 @@ class LaunchOptions:
     emulate: str | None = None
     heterogeneity: str | None = None
     slots_per_host: int = 1
+    pin_hosts: bool = False
     mpirun: str = "mpirun"
     dry_run: bool = False
     check_build: bool = False
@@ -154,6 +158,8 @@ def _apply_flag(opts: LaunchOptions, option: str) -> None:
         opts.verbose = True
     elif option == "--version":
         opts.show_version = True
+    elif option == "--pin-hosts":
+        opts.pin_hosts = True
     else:
         opts.show_help = True
 
@@ -349,7 +355,8 @@ def _run_emulated(opts: LaunchOptions, env: dict[str, str]) -> int:
             from dlcomm.launcher.heterogeneity import heterogeneity, parse_heterogeneity, rank_env
 
             ranks_env = rank_env(parse_heterogeneity(opts.heterogeneity, spec.hosts))
-        with emulate.emulated_cluster(spec, opts.slots_per_host) as cluster:
+        with emulate.emulated_cluster(spec, opts.slots_per_host,
+                                      pin_hosts=opts.pin_hosts) as cluster:
             if opts.np is None:
                 opts.np = _slots_in_hosts(cluster.hosts_arg)
             env.update(cluster.env)
@@ -392,6 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_emulated(opts, dict(os.environ))
     if opts.heterogeneity and opts.emulate is None:
         return _error("--heterogeneity needs --emulate (it slows emulated hosts and links)",
+                      EXIT_USAGE)
+    if opts.pin_hosts and opts.emulate is None:
+        return _error("--pin-hosts needs --emulate (it gives each emulated host its cores)",
                       EXIT_USAGE)
     if not opts.command:
         return _error(

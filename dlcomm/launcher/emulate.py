@@ -9,6 +9,8 @@ See docs/emulated_cluster.md for the layout and measured behaviour.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -28,6 +30,7 @@ from dlcomm.launcher.emulate_netns import (
 from dlcomm.launcher.emulate_plan import (
     EmulationSpec,
     host_address,
+    host_core_sets,
     host_names,
     hosts_arg,
     hosts_file_text,
@@ -66,6 +69,7 @@ class Cluster:
     host_names: list[str] = field(default_factory=list)
     addresses: list[str] = field(default_factory=list)
     nsrun_path: str = ""
+    core_sets: list[list[int]] = field(default_factory=list)  # per host; empty: unpinned
 
     def exec_prefix(self, index: int) -> list[str]:
         """argv prefix that runs a command on emulated host ``index``."""
@@ -107,7 +111,8 @@ def _signals_unwind() -> Iterator[None]:
 
 @contextmanager
 def emulated_cluster(
-    spec: EmulationSpec, slots_per_host: int = 1, *, wait_s: float = 0.0
+    spec: EmulationSpec, slots_per_host: int = 1, *, wait_s: float = 0.0,
+    pin_hosts: bool = False,
 ) -> Iterator[Cluster]:
     """Build the emulated cluster for ``spec``, yield its ``Cluster``, always tear it down.
 
@@ -117,18 +122,31 @@ def emulated_cluster(
     root, when ip/tc are missing or when a setup command fails (after tearing down).
     SIGTERM and SIGHUP inside the block end it like an exception (after teardown the
     process exits by re-raising, status 1); Ctrl-C raises KeyboardInterrupt as usual.
+
+    ``pin_hosts`` gives each host its own cores (``host_core_sets``: every process of host
+    i, ranks and their threads included, runs on its set only), so that emulated hosts stop
+    competing for the same cores as separate machines would not; EmulationError when there
+    are fewer usable cores than hosts or ``taskset`` is missing.
     """
     if not isinstance(spec, EmulationSpec):
         raise TypeError(f"expected an EmulationSpec (use parse_spec), got {type(spec).__name__}")
     cores = local_core_count()
     names = host_names(spec)
     args_check = hosts_arg(spec, slots_per_host)  # validates slots_per_host before any change
+    core_sets: list[list[int]] = []
+    if pin_hosts:
+        try:
+            core_sets = host_core_sets(spec.hosts, sorted(os.sched_getaffinity(0)))
+        except ValueError as exc:
+            raise EmulationError(str(exc)) from None
+        if shutil.which("taskset") is None:
+            raise EmulationError("--pin-hosts needs taskset (Debian package util-linux)")
     require_privileges()
     with _signals_unwind(), emulation_lock(wait_s):
         teardown_everything()
         try:
             workdir = make_workdir()
-            nsrun, rsh = write_agent_scripts(workdir)
+            nsrun, rsh = write_agent_scripts(workdir, core_sets)
             write_netns_hosts(names, hosts_file_text(spec))
             run_commands(setup_commands(spec))
             yield Cluster(
@@ -141,6 +159,7 @@ def emulated_cluster(
                 host_names=names,
                 addresses=[host_address(i) for i in range(spec.hosts)],
                 nsrun_path=nsrun,
+                core_sets=core_sets,
             )
         finally:
             teardown_everything()

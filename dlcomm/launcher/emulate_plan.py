@@ -13,6 +13,7 @@ receives).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 NAME_PREFIX = "dlc-"
@@ -155,6 +156,22 @@ def teardown_commands(namespaces: list[str], root_links: list[str]) -> list[list
     cmds = [["ip", "link", "del", link] for link in root_links]
     cmds += [["ip", "netns", "del", ns] for ns in namespaces]
     return cmds
+
+
+def host_core_sets(hosts: int, cores: Sequence[int]) -> list[list[int]]:
+    """Split ``cores`` (the CPUs this machine lets us use) into one consecutive set per
+    emulated host, ``len(cores) // hosts`` each; cores left over stay unassigned (the
+    kernel's networking can use them). ValueError when there are fewer cores than hosts:
+    then hosts must share cores, which is the unpinned default."""
+    if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
+        raise ValueError(f"hosts must be a positive int, got {hosts!r}")
+    cpus = sorted({int(c) for c in cores})
+    if len(cpus) < hosts:
+        raise ValueError(f"pinning needs at least one core per emulated host: {hosts} hosts, "
+                         f"{len(cpus)} cores ({cpus}); drop --pin-hosts to let hosts share "
+                         "cores")
+    per = len(cpus) // hosts
+    return [cpus[i * per:(i + 1) * per] for i in range(hosts)]
 
 
 def hosts_file_text(spec: EmulationSpec) -> str:
