@@ -274,7 +274,7 @@ def test_dlcommrun_hands_compute_items_to_the_ranks(monkeypatch: pytest.MonkeyPa
     fake.parse_spec = parse_spec
 
     @contextlib.contextmanager
-    def cluster(s: object, slots_per_host: int = 1):  # noqa: ANN202
+    def cluster(s: object, slots_per_host: int = 1, *, pin_hosts: bool = False):  # noqa: ANN202
         yield types.SimpleNamespace(spec=spec, hosts_arg="dlc-h0:1,dlc-h1:1",
                                     mpirun_args=[], env={"DLCOMM_EMULATE": "2x1gbit"},
                                     mpirun_prefix=["nsrun", "dlc-h0"])
