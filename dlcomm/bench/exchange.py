@@ -25,23 +25,25 @@ DEMO_CNN_SIZES = (144, 16, 4608, 32, 200704, 128, 1280, 10)
 PROTECT_BELOW = 1024  # the torch adapter never drops vectors and tensors this small
 
 
-def _tolerance_list(text: str) -> list[float]:
+def _comma_list(text: str, convert: Any, what: str) -> list[Any]:
+    """The non-empty comma-separated items of ``text``, each through ``convert``; an
+    argparse error naming ``what`` when one does not convert."""
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
+        return [convert(v.strip()) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") \
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") \
             from None
+
+
+def _tolerance_list(text: str) -> list[float]:
+    values = _comma_list(text, float, "numbers")
     if any(not 0.0 < v < 1.0 for v in values):
         raise argparse.ArgumentTypeError(f"tolerances must be in (0, 1), got {text!r}")
     return values
 
 
 def _size_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated counts, got {text!r}") \
-            from None
+    values = _comma_list(text, int, "counts")
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"sizes must be >= 1, got {text!r}")
     return values
@@ -50,7 +52,7 @@ def _size_list(text: str) -> list[int]:
 def _algorithm_list(text: str) -> list[str]:
     from dlcomm.collectives.registry import ALLREDUCE_ALGORITHMS
 
-    names = [v.strip().lower() for v in text.split(",") if v.strip()]
+    names = _comma_list(text, str.lower, "names")
     unknown = [n for n in names if n not in ALLREDUCE_ALGORITHMS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown all-reduce algorithm(s) {unknown}; choose "
