@@ -37,7 +37,7 @@ lint:
 	$(PYTHON) -m ruff check .
 
 knobs-doc:
-	$(PYTHON) -m dlcomm.config > docs/knobs_table.md
+	$(PYTHON) -m dlcomm.config docs/knobs.md
 
 clean:
 	rm -rf build *.egg-info .pytest_cache

@@ -232,5 +232,27 @@ def knobs_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
+def with_knobs_table(document: str) -> str:
+    """``document`` (the text of ``docs/knobs.md``) with its knob table, from its header
+    row to the first blank line after it, replaced by ``knobs_markdown()``."""
+    lines = document.splitlines(keepends=True)
+    header = knobs_markdown().splitlines(keepends=True)[0]
+    try:
+        start = lines.index(header)
+    except ValueError:
+        raise ValueError("no knob table (its header row) in the document") from None
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    return "".join(lines[:start]) + knobs_markdown() + "".join(lines[end:])
+
+
 if __name__ == "__main__":
-    print(knobs_markdown(), end="")
+    # python -m dlcomm.config [docs/knobs.md]: print the table, or rewrite it in that file.
+    import sys
+
+    if len(sys.argv) > 1:
+        with open(sys.argv[1]) as f:
+            text = with_knobs_table(f.read())
+        with open(sys.argv[1], "w") as f:
+            f.write(text)
+    else:
+        print(knobs_markdown(), end="")

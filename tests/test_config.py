@@ -44,6 +44,19 @@ def test_every_knob_is_in_the_docs_table():
         assert f"`{knob.env}`" in table
 
 
+def test_docs_knobs_md_holds_the_current_table():
+    """docs/knobs.md is regenerated with `make knobs-doc` whenever a knob changes."""
+    from pathlib import Path
+
+    from dlcomm.config import with_knobs_table
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "knobs.md").read_text()
+    assert knobs_markdown() in doc, "docs/knobs.md is stale: run `make knobs-doc`"
+    assert with_knobs_table(doc) == doc
+    with pytest.raises(ValueError, match="no knob table"):
+        with_knobs_table("# nothing here\n")
+
+
 def test_importing_dlcomm_does_not_start_mpi():
     """A process that only launches jobs (dlcommrun) must not become an MPI process."""
     import subprocess
