@@ -68,8 +68,9 @@ class Knob:
 
 KNOBS: tuple[Knob, ...] = (
     Knob("cycle_time", 1.0, _non_negative_float,
-         "Milliseconds the engine waits to batch requests before each negotiation round; "
-         "idle ranks run one round per cycle."),
+         "Milliseconds the engine waits to batch requests before each negotiation round. "
+         "Idle ranks back off to a round every 5 ms, and every 50 ms once a round finds the "
+         "whole job idle (a request wakes its own rank at once)."),
     Knob("fusion_threshold", 64 << 20, parse_bytes,
          "Largest fusion buffer in bytes (suffixes k, M, G allowed). All-reduces that share "
          "process set, dtype, op and compression are packed up to this size and sent as one "

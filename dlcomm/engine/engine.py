@@ -30,8 +30,10 @@ from dlcomm.errors import DLCommError, ShutdownError, StallError
 log = logging.getLogger("dlcomm")
 
 _NO_UNCACHED = np.uint64(1)  # flag bit: this rank needs no full negotiation round
+_IDLE = np.uint64(2)  # flag bit: this rank has no request queued or pending
 _STALL_ABORT = "__stall_abort__"
 _IDLE_WAIT_CAP = 0.005  # seconds: longest sleep between idle rounds
+_ALL_IDLE_WAIT_CAP = 0.05  # seconds: the same while the last round found every rank idle
 
 
 class Engine:
@@ -66,6 +68,8 @@ class Engine:
         self._stall_abort = False
         self._error: DLCommError | None = None
         self._idle_wait = config.cycle_time / 1000.0
+        self._all_idle = False  # the last round found no rank with work
+        self.rounds = 0  # negotiation rounds run so far
         self._thread = threading.Thread(target=self._run, name="dlcomm-engine", daemon=True)
         self._thread.start()
 
@@ -169,7 +173,8 @@ class Engine:
             self._pending[req.name] = req
             self.timeline.end(req.name, "queued")
             self.timeline.begin(req.name, "negotiate")
-        self._idle_wait = cycle if batch else min(self._idle_wait * 2, max(_IDLE_WAIT_CAP, cycle))
+        cap = max(_ALL_IDLE_WAIT_CAP if self._all_idle else _IDLE_WAIT_CAP, cycle)
+        self._idle_wait = cycle if batch else min(self._idle_wait * 2, cap)
 
     def _cycle(self) -> bool:
         self._collect()
@@ -189,7 +194,11 @@ class Engine:
         self.cache.mark_outsider_bits(words)
         if not need_full:
             words[0] |= _NO_UNCACHED
+        if not self._pending and not need_full:
+            words[0] |= _IDLE
         wait_polling(self.control.iallreduce_band(words).test)
+        self.rounds += 1
+        self._all_idle = bool(words[0] & _IDLE)
 
         if not (words[0] & _NO_UNCACHED) or self.coordinator.has_partial():
             responses = self._full_round(now)
