@@ -20,7 +20,7 @@ import pytest
 from dlcomm.launcher import check_build as cb
 from dlcomm.launcher import dlcommrun
 from dlcomm.launcher.dlcommrun import UsageError, main, parse_args
-from dlcomm.launcher.mpirun_command import build_mpirun_command
+from dlcomm.launcher.mpirun_command import build_mpirun_command, last_flag_wins
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,6 +129,34 @@ def test_root_and_oversubscribe_flags_only_when_needed() -> None:
     assert cmd.count("--bind-to") == 1 and cmd[cmd.index("--bind-to") + 1] == "core"
     with pytest.raises(ValueError, match="forward_env"):
         build_mpirun_command(1, ["x"], env={}, forward_env=["=1"])
+
+
+def test_a_users_mca_parameter_replaces_dlcomms_default() -> None:
+    """mpirun refuses an MCA parameter listed twice; the user's (later) value wins."""
+    cmd = build_mpirun_command(8, ["prog", "--mca", "a", "b"], env={}, is_root=False, cores=4,
+                               extra_args=["--mca", "mpi_yield_when_idle", "0"])
+    i = cmd.index("mpi_yield_when_idle")
+    assert cmd.count("mpi_yield_when_idle") == 1 and cmd[i + 1] == "0"
+    assert cmd[-4:] == ["prog", "--mca", "a", "b"]  # the program's own arguments untouched
+    # The emulated cluster's flags arrive as extra_args too, before the user's.
+    plan = ["--mca", "btl", "self,vader,tcp", "--mca", "mpi_yield_when_idle", "1",
+            "--bind-to", "none"]
+    cmd = build_mpirun_command(2, ["x"], env={}, is_root=False, cores=2, hosts="h0:1,h1:1",
+                               extra_args=[*plan, "-mca", "mpi_yield_when_idle", "0",
+                                           "-bind-to", "core"])
+    assert cmd.count("mpi_yield_when_idle") == 1
+    assert cmd[cmd.index("mpi_yield_when_idle") - 1:][:3] == ["-mca", "mpi_yield_when_idle",
+                                                              "0"]
+    assert "btl" in cmd and cmd.count("none") == 0 and "core" in cmd
+
+
+def test_last_flag_wins_keeps_everything_else_in_order() -> None:
+    assert last_flag_wins(["-x", "A", "--mca", "p", "1", "-H", "h", "--mca", "q", "2",
+                           "--mca", "p", "3"]) == ["-x", "A", "-H", "h", "--mca", "q", "2",
+                                                   "--mca", "p", "3"]
+    assert last_flag_wins(["--bind-to", "none", "--bind-to"]) == ["--bind-to", "none",
+                                                                   "--bind-to"]
+    assert last_flag_wins([]) == []
 
 
 def test_thread_pools_sized_per_rank_unless_the_user_set_them() -> None:

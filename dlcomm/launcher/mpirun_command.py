@@ -68,6 +68,9 @@ def build_mpirun_command(
 
     ``forward_env`` holds the user's own ``-x`` entries (``NAME`` or ``NAME=VALUE``); they
     are passed after the automatic ones, and a name the user gave is not forwarded twice.
+    ``extra_args`` come after the automatic flags, and an MCA parameter or ``--bind-to``
+    given again there replaces the earlier one (``last_flag_wins``): mpirun refuses a
+    parameter listed twice.
     """
     if not isinstance(np, int) or isinstance(np, bool) or np < 1:
         raise ValueError(f"np must be a positive integer, got {np!r}")
@@ -92,10 +95,7 @@ def build_mpirun_command(
         argv += ["--hostfile", hostfile]
     local_only = not hosts and not hostfile
     if local_only and np > cores:
-        argv.append("--oversubscribe")
-        if not any(a in ("--bind-to", "-bind-to") for a in extra_args):  # user's choice wins
-            argv += ["--bind-to", "none"]
-        argv += ["--mca", "mpi_yield_when_idle", "1"]
+        argv += ["--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
     for name in forwarded_env_names(env):
         if name not in user_names:
             argv += ["-x", name]
@@ -107,8 +107,33 @@ def build_mpirun_command(
     for entry in forward_env:
         argv += ["-x", entry]
     argv += list(extra_args)
-    argv += list(command)
-    return argv
+    return [*last_flag_wins(argv), *command]
+
+
+_MCA_FLAGS = ("--mca", "-mca")
+_BIND_FLAGS = ("--bind-to", "-bind-to")
+
+
+def last_flag_wins(options: Sequence[str]) -> list[str]:
+    """``options`` with each ``--mca NAME VALUE`` and ``--bind-to WHERE`` kept only at its
+    last occurrence, so a flag of the user's (given later) replaces dlcomm's default
+    instead of making mpirun refuse the command. Other tokens are kept in order."""
+    groups: list[tuple[tuple[str, ...] | None, list[str]]] = []
+    i = 0
+    while i < len(options):
+        token = options[i]
+        if token in _MCA_FLAGS and i + 2 < len(options):
+            groups.append((("mca", options[i + 1]), list(options[i:i + 3])))
+            i += 3
+        elif token in _BIND_FLAGS and i + 1 < len(options):
+            groups.append((("bind-to",), list(options[i:i + 2])))
+            i += 2
+        else:
+            groups.append((None, [token]))
+            i += 1
+    last = {key: n for n, (key, _) in enumerate(groups) if key is not None}
+    return [t for n, (key, tokens) in enumerate(groups) if key is None or last[key] == n
+            for t in tokens]
 
 
 def mpirun_available(mpirun: str = "mpirun") -> bool:
