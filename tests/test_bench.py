@@ -226,6 +226,33 @@ def test_corun_validates_and_times_alone_against_together(tmp_path: Path,
         assert row["alone"]["wall_s"] > 0 and row["together"]["wall_s"] > 0
 
 
+ROUNDTRIP_SCRIPT = """
+import sys
+from dlcomm.cli import main as cli
+sys.exit(cli.main(["bench", "roundtrip", *sys.argv[1:]]))
+"""
+
+
+def test_roundtrip_bench_times_idle_and_computing_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "roundtrip.json"
+    proc = run_mpi(2, ROUNDTRIP_SCRIPT, tmp_path, timeout=120,
+                   args=["--kernel", "matmul", "--size", "64", "--bytes", "4000", "-n", "3",
+                         "--rounds", "2", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert [r["round"] for r in rows] == [1, 2]
+    for r in rows:
+        for state in ("idle", "busy"):
+            assert 0 < r[state]["p10_ms"] <= r[state]["p50_ms"] <= r[state]["p90_ms"]
+        assert r["ratio"] == pytest.approx(r["busy"]["p50_ms"] / r["idle"]["p50_ms"])
+    assert "| median |" in proc.stdout and "4000 bytes, 2 ranks" in proc.stdout, proc.stdout
+
+
+def test_roundtrip_bench_validates_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "roundtrip", "--bytes", "2"])
+    assert "must be >= 4" in capsys.readouterr().err
+
+
 EXCHANGE_SCRIPT = """
 import json, sys
 from dlcomm.cli import main as cli

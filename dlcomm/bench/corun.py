@@ -24,7 +24,7 @@ KERNELS = ("cnn", "matmul")
 _ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _make_block(kernel: str, batch: int, size: int) -> Any:
+def make_block(kernel: str, batch: int, size: int) -> Any:
     """A callable running one compute block: the demo-shaped CNN's forward and backward on
     ``batch`` 28x28 images, or a ``size`` x ``size`` float32 matrix product."""
     if kernel == "matmul":
@@ -53,7 +53,7 @@ def _make_block(kernel: str, batch: int, size: int) -> Any:
 
 def _worker(kernel: str, batch: int, size: int, iters: int, barrier: Any, queue: Any) -> None:
     try:
-        block = _make_block(kernel, batch, size)
+        block = make_block(kernel, batch, size)
         for _ in range(2):  # warm-up: allocations, first-call dispatch
             block()
         barrier.wait()

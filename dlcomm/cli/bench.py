@@ -23,6 +23,7 @@ EXTERNAL_ACTIONS: dict[str, str] = {
     "train": "dlcomm.bench.train",
     "corun": "dlcomm.bench.corun",
     "exchange": "dlcomm.bench.exchange",
+    "roundtrip": "dlcomm.bench.roundtrip",
 }
 
 

@@ -1,0 +1,164 @@
+"""``dlcomm bench roundtrip``: a small all-reduce's latency with the ranks idle, and while a
+compute thread runs beside it in every rank.
+
+A data-parallel step overlaps its all-reduces with the backward pass, so they run while the
+rank computes. When the rank's host has no core to spare (one core per emulated host with
+``--pin-hosts``, or more busy threads than cores), the thread that must answer a message
+waits for the computing thread's scheduler slice first. This measures that cost on its own:
+the same ``MPI_Allreduce`` (blocking, as the engine's default path), in alternating
+rounds, with the ranks idle and with a compute block (the demo CNN's forward+backward, or a
+matrix product) looping in a second thread of every rank.
+
+    dlcommrun --emulate 2x1gbit --pin-hosts dlcomm bench roundtrip
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from typing import Any
+
+DEMO_FC2_BYTES = 5160  # the demo CNN's last layer (weight and bias), its first all-reduce
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class _Computing:
+    """A thread running ``block`` in a loop until stopped (a rank's training computation)."""
+
+    def __init__(self, block: Any) -> None:
+        self._block = block
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="roundtrip-compute",
+                                        daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._block()
+        except BaseException as exc:  # reported by the caller after stop()
+            self.error = exc
+
+    def __enter__(self) -> _Computing:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def time_allreduces(comm: Any, nbytes: int, iters: int, pause: float) -> list[float]:
+    """Seconds of ``iters`` blocking float32 all-reduces of ``nbytes``, each started after a
+    barrier and followed by ``pause`` seconds (as steps are spaced by computation)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    buf = np.ones(max(1, nbytes // 4), dtype=np.float32)
+    times = []
+    for _ in range(iters):
+        comm.Barrier()
+        start = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        times.append(time.perf_counter() - start)
+        time.sleep(pause)
+    return times
+
+
+def measure(comm: Any, block: Any, nbytes: int, iters: int, rounds: int,
+            pause: float = 0.005, settle: float = 0.2) -> list[dict[str, Any]]:
+    """``rounds`` rounds of idle and busy (busy first in even rounds); every rank returns the
+    rows with each all-reduce's time as the slowest rank's."""
+    import numpy as np
+
+    rows = []
+    for r in range(rounds):
+        row: dict[str, Any] = {"round": r + 1}
+        for state in (("idle", "busy") if r % 2 == 0 else ("busy", "idle")):
+            if state == "busy":
+                with _Computing(block) as computing:
+                    time.sleep(settle)  # the block is running before the first all-reduce
+                    mine = time_allreduces(comm, nbytes, iters, pause)
+                if computing.error is not None:
+                    raise RuntimeError(f"the compute thread failed: {computing.error!r}")
+            else:
+                mine = time_allreduces(comm, nbytes, iters, pause)
+            slowest = np.max(np.array(comm.allgather(mine)), axis=0).tolist()
+            row[state] = {"p10_ms": 1e3 * _percentile(slowest, 0.1),
+                          "p50_ms": 1e3 * _percentile(slowest, 0.5),
+                          "p90_ms": 1e3 * _percentile(slowest, 0.9)}
+        row["ratio"] = row["busy"]["p50_ms"] / row["idle"]["p50_ms"]
+        rows.append(row)
+    return rows
+
+
+def text_table(rows: list[dict[str, Any]]) -> str:
+    """Rounds with median (p10-p90) ms idle and busy, the ratio of medians, and the median."""
+    lines = ["| round | idle: ms, median (p10-p90) | computing: ms, median (p10-p90) | "
+             "computing / idle |", "|---|---:|---:|---:|"]
+    for r in rows:
+        i, b = r["idle"], r["busy"]
+        lines.append(f"| {r['round']} | {i['p50_ms']:.2f} ({i['p10_ms']:.2f}-{i['p90_ms']:.2f})"
+                     f" | {b['p50_ms']:.2f} ({b['p10_ms']:.2f}-{b['p90_ms']:.2f}) | "
+                     f"{r['ratio']:.1f}x |")
+    lines.append(f"| median | {statistics.median(r['idle']['p50_ms'] for r in rows):.2f} | "
+                 f"{statistics.median(r['busy']['p50_ms'] for r in rows):.2f} | "
+                 f"**{statistics.median(r['ratio'] for r in rows):.1f}x** |")
+    return "\n".join(lines) + "\n"
+
+
+def register(actions: argparse._SubParsersAction) -> None:
+    """Add ``dlcomm bench roundtrip``."""
+    from dlcomm.bench.corun import KERNELS
+    from dlcomm.cli.bench import count_arg
+
+    p = actions.add_parser(
+        "roundtrip", help="a small all-reduce with the ranks idle against while they compute "
+        "(run under dlcommrun; rank 0 prints)",
+        description="Time a small blocking MPI_Allreduce with every rank idle and with a "
+        "compute block looping in a second thread of every rank, in alternating rounds; "
+        "each all-reduce's time is the slowest rank's.")
+    p.add_argument("--bytes", type=count_arg(4), default=DEMO_FC2_BYTES,
+                   help=f"message size (default {DEMO_FC2_BYTES}, the demo CNN's last layer)")
+    p.add_argument("--kernel", default="cnn", choices=KERNELS,
+                   help="the compute block: cnn, the demo-shaped CNN's forward+backward "
+                   "(needs torch), or matmul, a numpy matrix product (default cnn)")
+    p.add_argument("--batch", type=count_arg(1), default=256, help="cnn images per block "
+                   "(default 256)")
+    p.add_argument("--size", type=count_arg(1), default=512, help="matmul side (default 512)")
+    p.add_argument("-n", "--iters", type=count_arg(2), default=50, metavar="N",
+                   help="all-reduces per state and round (default 50)")
+    p.add_argument("--rounds", type=count_arg(1), default=3, help="alternating rounds "
+                   "(default 3)")
+    p.add_argument("--json", default=None, metavar="PATH", help="rank 0 writes the rounds here")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from mpi4py import MPI  # no dlcomm engine: only the measured all-reduces on the links
+
+    from dlcomm.bench.corun import make_block
+
+    comm = MPI.COMM_WORLD
+    try:
+        block = make_block(args.kernel, args.batch, args.size)
+    except ModuleNotFoundError:
+        raise SystemExit("--kernel cnn needs torch (pip install 'dlcomm[torch]'); --kernel "
+                         "matmul needs only numpy") from None
+    rows = measure(comm, block, args.bytes, args.iters, args.rounds)
+    if comm.rank == 0:
+        what = (f"cnn, batch {args.batch}" if args.kernel == "cnn"
+                else f"matmul {args.size}x{args.size}")
+        print(f"dlcomm bench roundtrip: {args.bytes} bytes, {comm.size} ranks, compute block "
+              f"{what}, {args.iters} all-reduces per state, {args.rounds} rounds", flush=True)
+        print(text_table(rows), end="", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+    return 0
