@@ -247,6 +247,28 @@ def test_roundtrip_bench_times_idle_and_computing_ranks(tmp_path: Path) -> None:
     assert "| median |" in proc.stdout and "4000 bytes, 2 ranks" in proc.stdout, proc.stdout
 
 
+ROUNDTRIP_FAILURE_SCRIPT = """
+from mpi4py import MPI
+from dlcomm.bench.roundtrip import measure
+
+comm = MPI.COMM_WORLD
+def block():
+    if comm.rank == 1:
+        raise MemoryError("out of memory in the compute block")
+try:
+    measure(comm, block, 64, 2, 1, pause=0.0, settle=0.01)
+except RuntimeError as exc:
+    print(f"rank {comm.rank}: {exc}", flush=True)
+"""
+
+
+def test_roundtrip_bench_reports_a_failed_compute_block_on_every_rank(tmp_path: Path) -> None:
+    proc = run_mpi(2, ROUNDTRIP_FAILURE_SCRIPT, tmp_path, timeout=60)
+    for rank in (0, 1):
+        assert (f"rank {rank}: the compute thread failed on rank 1: MemoryError"
+                in proc.stdout), proc.stdout
+
+
 def test_roundtrip_bench_validates_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["bench", "roundtrip", "--bytes", "2"])

@@ -4,7 +4,9 @@ compute thread runs beside it in every rank.
 A data-parallel step overlaps its all-reduces with the backward pass, so they run while the
 rank computes. When the rank's host has no core to spare (one core per emulated host with
 ``--pin-hosts``, or more busy threads than cores), the thread that must answer a message
-waits for the computing thread's scheduler slice first. This measures that cost on its own:
+competes with the computing thread for the core; a waiting rank that yields
+(``--mca mpi_yield_when_idle 1``, which the emulated cluster sets) hands it the core until
+the next scheduler tick. This measures that cost on its own:
 the same ``MPI_Allreduce`` (blocking, as the engine's default path), in alternating
 rounds, with the ranks idle and with a compute block (the demo CNN's forward+backward, or a
 matrix product) looping in a second thread of every rank.
@@ -73,23 +75,29 @@ def time_allreduces(comm: Any, nbytes: int, iters: int, pause: float) -> list[fl
 
 def measure(comm: Any, block: Any, nbytes: int, iters: int, rounds: int,
             pause: float = 0.005, settle: float = 0.2) -> list[dict[str, Any]]:
-    """``rounds`` rounds of idle and busy (busy first in even rounds); every rank returns the
-    rows with each all-reduce's time as the slowest rank's."""
+    """``rounds`` rounds of idle and busy (idle first in rounds 1, 3, ...); every rank
+    returns the rows with each all-reduce's time as the slowest rank's. A compute block that
+    fails on any rank raises the same RuntimeError on every rank."""
     import numpy as np
 
     rows = []
     for r in range(rounds):
         row: dict[str, Any] = {"round": r + 1}
         for state in (("idle", "busy") if r % 2 == 0 else ("busy", "idle")):
+            error = None
             if state == "busy":
                 with _Computing(block) as computing:
                     time.sleep(settle)  # the block is running before the first all-reduce
                     mine = time_allreduces(comm, nbytes, iters, pause)
-                if computing.error is not None:
-                    raise RuntimeError(f"the compute thread failed: {computing.error!r}")
+                error = None if computing.error is None else repr(computing.error)
             else:
                 mine = time_allreduces(comm, nbytes, iters, pause)
-            slowest = np.max(np.array(comm.allgather(mine)), axis=0).tolist()
+            gathered = comm.allgather((mine, error))
+            failed = [(rank, e) for rank, (_, e) in enumerate(gathered) if e is not None]
+            if failed:
+                raise RuntimeError(f"the compute thread failed on rank {failed[0][0]}: "
+                                   f"{failed[0][1]}")
+            slowest = np.max(np.array([g[0] for g in gathered]), axis=0).tolist()
             row[state] = {"p10_ms": 1e3 * _percentile(slowest, 0.1),
                           "p50_ms": 1e3 * _percentile(slowest, 0.5),
                           "p90_ms": 1e3 * _percentile(slowest, 0.9)}
