@@ -14,7 +14,7 @@ time.sleep(0.3)  # let the back-off reach its cap
 start = engine.rounds
 time.sleep(1.0)
 idle_rounds = engine.rounds - start
-# Without the job-wide back-off an idle engine ran a round every 5 ms (about 200 a second);
+# Without the job-wide back-off an idle engine ran a round every 5 ms (164 a second here);
 # with it, at most one per 50 ms. A slow machine only runs fewer.
 assert idle_rounds <= 40, idle_rounds
 # Work after the pause is served as before, on every rank and in a process set that leaves
