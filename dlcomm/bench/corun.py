@@ -134,6 +134,36 @@ def text_table(rows: list[dict[str, Any]], copies: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def add_block_arguments(p: argparse.ArgumentParser) -> None:
+    """``--kernel``, ``--batch`` and ``--size``: the compute block of ``make_block`` (shared
+    by ``corun`` and ``roundtrip``)."""
+    from dlcomm.cli.bench import count_arg
+
+    p.add_argument("--kernel", default="cnn", choices=KERNELS,
+                   help="cnn: the demo-shaped CNN's forward+backward (needs torch); matmul: "
+                   "a float32 matrix product with numpy (default cnn)")
+    p.add_argument("--batch", type=count_arg(1), default=256, help="cnn images per block "
+                   "(default 256)")
+    p.add_argument("--size", type=count_arg(1), default=512, help="matmul side (default 512)")
+
+
+def require_kernel(kernel: str) -> None:
+    """Exit with what to install when ``kernel`` needs a framework that is missing."""
+    if kernel == "cnn":
+        try:
+            import torch  # noqa: F401
+        except ModuleNotFoundError:
+            raise SystemExit("--kernel cnn needs torch (pip install 'dlcomm[torch]'); "
+                             "--kernel matmul needs only numpy") from None
+
+
+def block_description(args: argparse.Namespace) -> str:
+    """The block chosen by ``add_block_arguments``' options, in words."""
+    if args.kernel == "cnn":
+        return f"cnn, batch {args.batch}"
+    return f"matmul {args.size}x{args.size}"
+
+
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench corun``."""
     from dlcomm.cli.bench import count_arg
@@ -144,12 +174,7 @@ def register(actions: argparse._SubParsersAction) -> None:
         description="Time one compute block in a single process and in --copies processes "
         "started together (one thread each), in alternating rounds: how much co-located "
         "ranks slow each other's computation on this machine.")
-    p.add_argument("--kernel", default="cnn", choices=KERNELS,
-                   help="cnn: the demo-shaped CNN's forward+backward (needs torch); matmul: "
-                   "a float32 matrix product with numpy (default cnn)")
-    p.add_argument("--batch", type=count_arg(1), default=256, help="cnn images per block "
-                   "(default 256)")
-    p.add_argument("--size", type=count_arg(1), default=512, help="matmul side (default 512)")
+    add_block_arguments(p)
     p.add_argument("--copies", type=count_arg(1), default=2, help="processes computing at once "
                    "(default 2)")
     p.add_argument("--iters", type=count_arg(1), default=10, help="timed blocks per process; "
@@ -161,16 +186,9 @@ def register(actions: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.kernel == "cnn":
-        try:
-            import torch  # noqa: F401
-        except ModuleNotFoundError:
-            raise SystemExit("--kernel cnn needs torch (pip install 'dlcomm[torch]'); "
-                             "--kernel matmul needs only numpy") from None
-    what = (f"cnn, batch {args.batch}" if args.kernel == "cnn"
-            else f"matmul {args.size}x{args.size}")
-    print(f"dlcomm bench corun: {what}, {args.copies} processes at once, {args.iters} blocks "
-          f"each, {args.rounds} rounds, {os.cpu_count()} cores", flush=True)
+    require_kernel(args.kernel)
+    print(f"dlcomm bench corun: {block_description(args)}, {args.copies} processes at once, "
+          f"{args.iters} blocks each, {args.rounds} rounds, {os.cpu_count()} cores", flush=True)
     rows = measure(args.kernel, args.copies, args.batch, args.size, args.iters, args.rounds)
     print(text_table(rows, args.copies), end="")
     if args.json:

@@ -123,7 +123,7 @@ def text_table(rows: list[dict[str, Any]]) -> str:
 
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench roundtrip``."""
-    from dlcomm.bench.corun import KERNELS
+    from dlcomm.bench.corun import add_block_arguments
     from dlcomm.cli.bench import count_arg
 
     p = actions.add_parser(
@@ -134,12 +134,7 @@ def register(actions: argparse._SubParsersAction) -> None:
         "each all-reduce's time is the slowest rank's.")
     p.add_argument("--bytes", type=count_arg(4), default=DEMO_FC2_BYTES,
                    help=f"message size (default {DEMO_FC2_BYTES}, the demo CNN's last layer)")
-    p.add_argument("--kernel", default="cnn", choices=KERNELS,
-                   help="the compute block: cnn, the demo-shaped CNN's forward+backward "
-                   "(needs torch), or matmul, a numpy matrix product (default cnn)")
-    p.add_argument("--batch", type=count_arg(1), default=256, help="cnn images per block "
-                   "(default 256)")
-    p.add_argument("--size", type=count_arg(1), default=512, help="matmul side (default 512)")
+    add_block_arguments(p)
     p.add_argument("-n", "--iters", type=count_arg(2), default=50, metavar="N",
                    help="all-reduces per state and round (default 50)")
     p.add_argument("--rounds", type=count_arg(1), default=3, help="alternating rounds "
@@ -151,20 +146,16 @@ def register(actions: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from mpi4py import MPI  # no dlcomm engine: only the measured all-reduces on the links
 
-    from dlcomm.bench.corun import make_block
+    from dlcomm.bench.corun import block_description, make_block, require_kernel
 
+    require_kernel(args.kernel)
     comm = MPI.COMM_WORLD
-    try:
-        block = make_block(args.kernel, args.batch, args.size)
-    except ModuleNotFoundError:
-        raise SystemExit("--kernel cnn needs torch (pip install 'dlcomm[torch]'); --kernel "
-                         "matmul needs only numpy") from None
-    rows = measure(comm, block, args.bytes, args.iters, args.rounds)
+    rows = measure(comm, make_block(args.kernel, args.batch, args.size), args.bytes,
+                   args.iters, args.rounds)
     if comm.rank == 0:
-        what = (f"cnn, batch {args.batch}" if args.kernel == "cnn"
-                else f"matmul {args.size}x{args.size}")
         print(f"dlcomm bench roundtrip: {args.bytes} bytes, {comm.size} ranks, compute block "
-              f"{what}, {args.iters} all-reduces per state, {args.rounds} rounds", flush=True)
+              f"{block_description(args)}, {args.iters} all-reduces per state, "
+              f"{args.rounds} rounds", flush=True)
         print(text_table(rows), end="", flush=True)
         if args.json:
             with open(args.json, "w") as f:
