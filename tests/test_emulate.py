@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from netns_available import needs_netns
 
 from dlcomm.launcher import emulate_netns
 from dlcomm.launcher.emulate import (
@@ -254,22 +255,6 @@ def test_emulated_cluster_validates_before_changing_anything(monkeypatch):
 # --------------------------------------------------------------------------- real runs
 
 
-def _namespaces_available() -> str | None:
-    """None when real emulation can run here, else the reason to skip."""
-    if os.geteuid() != 0:
-        return "needs root"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (ip, tc)"
-    probe = "dlc-probe-test"
-    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, timeout=10)
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10)
-    if added.returncode != 0:
-        return f"`ip netns add` fails here: {added.stderr.decode().strip()}"
-    return None
-
-
-_SKIP_REASON = _namespaces_available()
-needs_netns = pytest.mark.skipif(_SKIP_REASON is not None, reason=str(_SKIP_REASON))
 # Real runs share the machine-wide names with other emulations (e.g. dlcommrun tests):
 # wait for the lock instead of failing.
 LOCK_WAIT_S = 60.0
