@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import dlcomm.torch as hvd  # dlcomm
 from dlcomm.bench.step_phases import StepPhases, format_phase_medians
 from dlcomm.launcher.compute_slowdown import ComputeSlowdown
+from dlcomm.torch.compute_slowdown import spread_over
 
 
 def load(dataset: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -93,6 +94,9 @@ def parse_args() -> argparse.Namespace:
                         "default: DLCOMM_SYNC, else bsp (docs/heterogeneity.md)")
     p.add_argument("--loss-tolerance", type=float, default=0.0,
                    help="DLCP bounded loss: fraction of gradient elements that may be lost")
+    p.add_argument("--straggler", choices=["spread", "block"], default="spread",
+                   help="how a --heterogeneity compute= host is slowed: 'spread' sleeps at "
+                   "every layer and gradient, 'block' once before each forward pass")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--phase-times", action="store_true",
@@ -146,6 +150,8 @@ def main() -> None:
               f"compression={args.compression or 'DLCOMM_COMPRESSION/none'}"
               + ("" if args.model == "cnn" else f", model={args.model}"), flush=True)
     slow = ComputeSlowdown.from_env()  # --heterogeneity compute=H:SPEED; no-op otherwise
+    if args.straggler == "spread":
+        spread_over(slow, model)
     phases = StepPhases(enabled=args.phase_times)
     sent_before = hvd.bytes_sent()
     train_time = 0.0
@@ -173,7 +179,7 @@ def main() -> None:
             data, target = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
             phases.start()
             optimizer.zero_grad()
-            with slow:  # sleeps before forward, so the all-reduces of backward start late
+            with slow:  # slowed host: sleeps inside (spread) or before forward (block)
                 phases.mark("before")
                 loss = F.cross_entropy(model(data), target)
                 loss.backward()

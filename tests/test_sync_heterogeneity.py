@@ -203,6 +203,30 @@ def test_compute_slowdown_sleeps_before_each_block() -> None:
     assert t2.now - 100.0 == pytest.approx(0.2 + 4 * 0.2 / 0.25)
 
 
+def test_spread_slowdown_sleeps_at_ticks_for_the_current_work() -> None:
+    t = FakeTime()
+    slow = ComputeSlowdown(ComputeStraggler(1, 0.25), clock=t.clock, sleep=t.sleep)
+    slow.tick()  # outside a block: nothing
+    slow.spread = True
+    for work in ([0.1, 0.2], [0.3, 0.0, 0.05]):
+        with slow:
+            for w in work:
+                t.now += w
+                slow.tick()
+            t.now += 0.01  # work after the last tick: slept for at the end of the block
+    # no sleep before a block, even after the first; each tick sleeps 3 x its own work
+    # (zero work: no sleep), so the first block is slowed too
+    assert t.sleeps == pytest.approx([0.3, 0.6, 0.03, 0.9, 0.15, 0.03])
+    assert slow.last_compute_s == pytest.approx(0.36)  # the work, not the sleeps
+    assert slow.slept_s == pytest.approx(3 * (0.31 + 0.36)) and slow.blocks == 2
+    slow.tick()  # after the block: nothing
+    assert len(t.sleeps) == 6
+    slow.spread = False  # block mode again: ticks do nothing, the next block sleeps first
+    with slow:
+        slow.tick()
+    assert t.sleeps[6:] == pytest.approx([3 * 0.36])
+
+
 def test_compute_slowdown_uses_the_seeded_speeds_per_block() -> None:
     t = FakeTime()
     item = ComputeStraggler(2, 0.5, 0.3)

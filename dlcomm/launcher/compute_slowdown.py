@@ -21,7 +21,11 @@ whenever the other ranks were busy (under LB-BSP) than when they were idle (unde
 more than one intra-op thread, the other threads' work is not counted. The sleep comes
 *before* the forward pass: with wait-free backpropagation the all-reduces start during
 backward, so a delay after backward would hide behind communication instead of delaying it.
-The first block runs at full speed (nothing measured yet). With ``JITTER`` the speed of
+The first block runs at full speed (nothing measured yet). *Spread mode* (``spread_over`` in
+``dlcomm.torch.compute_slowdown``, the demo's default) sleeps inside the block instead, at
+ticks on every layer and gradient, each for the work since the last tick: the host then
+computes throughout its block at ``speed``, as a slower processor would, instead of idling
+first and computing at full speed after. With ``JITTER`` the speed of
 block ``t`` is drawn uniformly from ``SPEED +- JITTER`` (clipped to [0.05, 1]) by a numpy
 Generator seeded from ``(seed, host)``, so every run draws the same sequence
 (``compute_speeds``).
@@ -128,7 +132,9 @@ def emulated_host_index(hostname: str) -> int | None:
 class ComputeSlowdown:
     """Context manager that makes the blocks it wraps take ``1/speed`` times as long.
 
-    ``item`` None is a no-op (nothing timed, nothing slept). ``clock`` and ``sleep`` are
+    By default it sleeps once before each block; with ``spread`` set (``spread_over``) it
+    sleeps at each ``tick()`` inside the block instead. ``item`` None is a no-op (nothing
+    timed, nothing slept). ``clock`` and ``sleep`` are
     injectable for tests. ``slept_s`` (total sleep), ``blocks`` (blocks run) and
     ``last_compute_s`` (the last block's CPU time on the calling thread, by the default
     ``clock``; without the sleep) tell what it did.
@@ -145,6 +151,9 @@ class ComputeSlowdown:
         self._clock = clock
         self._sleep = sleep
         self._start: float | None = None
+        self._mark = 0.0  # CPU clock at the last tick of the current block (spread mode)
+        self._work = 0.0  # CPU seconds between the current block's ticks (spread mode)
+        self.spread = False  # set by spread_over(): sleep at tick() inside the block instead
         self.speed = 1.0  # speed of the current (or last) block
         self.last_compute_s = 0.0
         self.slept_s = 0.0
@@ -168,19 +177,44 @@ class ComputeSlowdown:
         if self._start is not None:
             raise RuntimeError("ComputeSlowdown blocks cannot nest")
         self.speed = next(self._speeds)
-        delay = (1.0 / self.speed - 1.0) * self.last_compute_s
-        if delay > 0:
-            self._sleep(delay)
-            self.slept_s += delay
-        self._start = self._clock()
+        if not self.spread:
+            self._delay(self.last_compute_s)
+        self._work = 0.0
+        self._start = self._mark = self._clock()
         return self
 
     def __exit__(self, *exc: object) -> bool:
         if self._start is not None:
-            self.last_compute_s = max(0.0, self._clock() - self._start)
+            if self.spread:
+                self.tick()
+                self.last_compute_s = self._work
+            else:
+                self.last_compute_s = max(0.0, self._clock() - self._start)
             self._start = None
             self.blocks += 1
         return False
+
+    def _delay(self, work_s: float) -> None:
+        delay = (1.0 / self.speed - 1.0) * work_s
+        if delay > 0:
+            self._sleep(delay)
+            self.slept_s += delay
+
+    def tick(self) -> None:
+        """In spread mode, sleep ``(1/speed - 1) x`` the CPU time spent since the last tick.
+
+        Called from hooks inside the block (``dlcomm.torch.compute_slowdown.spread_over``
+        registers them on a model's layers and gradients), so a slowed host computes for the
+        whole of its block, as a slower processor would, and each gradient appears when a
+        host at that speed would produce it. Outside a block, when inactive, or in block
+        mode, a no-op.
+        """
+        if self._start is None or not self.spread:
+            return
+        work = max(0.0, self._clock() - self._mark)
+        self._work += work
+        self._delay(work)
+        self._mark = self._clock()  # a clock that counts the sleep must not count it as work
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, hostname: str | None = None, *,
