@@ -56,6 +56,28 @@ def test_balancer_moves_work_away_from_a_straggler() -> None:
     assert bal.offsets() == [0, sizes[0], sizes[0] + sizes[1], 64 - sizes[3]]
 
 
+@pytest.mark.parametrize("interval, resized_at", [
+    (8, [2, 6, 14, 22, 30]), (3, [2, 5, 8, 11]), (1, list(range(1, 9))), (2, [2, 4, 6, 8])])
+def test_update_ramps_up_to_its_interval(monkeypatch: pytest.MonkeyPatch, interval: int,
+                                         resized_at: list[int]) -> None:
+    """Re-sizes after 2, 4, ... iterations, then every ``interval``: balanced within the
+    first steps of a job, steady afterwards."""
+    from dlcomm import mpi_ops
+
+    gathered: list[int] = []
+    bal = BatchBalancer(60, 2, rank=0, interval=interval)
+
+    def allgather(mine: np.ndarray, name: str) -> np.ndarray:
+        gathered.append(bal.iterations)
+        return np.array([mine[0], mine[0] / 2])  # rank 1 at half this rank's speed
+
+    monkeypatch.setattr(mpi_ops, "allgather", allgather)
+    for _ in range(max(resized_at)):
+        bal.update(bal.local_batch, 0.01)
+    assert gathered == resized_at
+    assert bal.batch_sizes == [40, 20]  # balanced from the first re-size on
+
+
 @pytest.mark.parametrize("model", ["ridge", "mlp"])
 def test_narx_learns_a_periodic_speed(model: str) -> None:
     """A speed that alternates 100/50 is predicted better than by a moving average."""

@@ -188,6 +188,9 @@ class BatchBalancer:
     """Keeps the local batch sizes of all ranks; ``update`` re-sizes them every ``interval``
     iterations from each rank's speed over the interval (samples / compute seconds, summed
     over the interval: one noisy iteration on a shared machine must not move the batches).
+    The first intervals ramp up (2, 4, 8, ... iterations, up to ``interval``), so a job is
+    balanced within its first few steps instead of running ``interval`` steps at the
+    straggler's pace; the moving-average predictor then smooths the early, noisier speeds.
 
     ``batch_sizes`` is the same list on every rank (each computes it from the same gathered
     speeds). ``weight`` is this rank's ``b_i / B``: the prescale of a Sum all-reduce that
@@ -214,6 +217,8 @@ class BatchBalancer:
         self.batch_sizes = allocate_batches([1.0] * self.num_ranks, self.global_batch,
                                             self.min_batch, self.max_batch)
         self.iterations = 0
+        self._span = min(2, self.interval)  # length of the current interval (ramps up)
+        self._since = 0  # iterations recorded in the current interval
         self._samples = 0.0  # this rank's samples and compute seconds in the current interval
         self._seconds = 0.0
 
@@ -259,9 +264,10 @@ class BatchBalancer:
         return list(self.batch_sizes)
 
     def update(self, samples: int, seconds: float) -> list[int]:
-        """Record one iteration of this rank (``samples`` computed in ``seconds``); every
-        ``interval`` iterations share the interval's speed with all ranks (all-gather) and
-        ``update_from_speeds``. Collective: every rank calls it after every iteration."""
+        """Record one iteration of this rank (``samples`` computed in ``seconds``); at the
+        end of each interval (2, 4, ... then every ``interval`` iterations) share the
+        interval's speed with all ranks (all-gather) and ``update_from_speeds``. Collective:
+        every rank calls it after every iteration."""
         from dlcomm import mpi_ops
 
         if seconds <= 0 or samples < 0:
@@ -269,8 +275,11 @@ class BatchBalancer:
         self._samples += max(samples, 1)
         self._seconds += seconds
         self.iterations += 1
-        if self.iterations % self.interval:
+        self._since += 1
+        if self._since < self._span:
             return list(self.batch_sizes)
+        self._since = 0
+        self._span = min(2 * self._span, self.interval)
         mine = np.array([self._samples / self._seconds], dtype=np.float64)
         self._samples = self._seconds = 0.0
         speeds = mpi_ops.allgather(mine, name="lbbsp.speeds")
