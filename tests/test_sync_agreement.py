@@ -1,9 +1,11 @@
 """Sync algorithms built with different settings on different ranks fail on every rank."""
 from __future__ import annotations
 
+import pytest
 from mpi_run import run_mpi
 
-from dlcomm.sync.agreement import differing_settings
+from dlcomm.errors import MismatchError
+from dlcomm.sync.agreement import check_same_settings, differing_settings
 from dlcomm.sync.dlcp import layout_fingerprint
 
 
@@ -12,6 +14,28 @@ def test_differing_settings_names_each_rank_value() -> None:
     assert differing_settings([same, dict(same), dict(same)]) == {}
     assert differing_settings([same, {"a": 1, "b": [2, 4]}]) == {"b": [[2, 3], [2, 4]]}
     assert differing_settings([{"a": 1}, {}]) == {"a": [1, None]}
+
+
+class GatheredComm:
+    """Stands in for a communicator whose members passed ``per_rank``."""
+
+    def __init__(self, per_rank: list[dict]) -> None:
+        self.per_rank = per_rank
+
+    def allgather(self, _mine: dict) -> list[dict]:
+        return self.per_rank
+
+
+def test_check_names_the_members_by_the_ranks_given() -> None:
+    comm = GatheredComm([{"n": 6}, {"n": 7}, {"n": 6}])
+    with pytest.raises(MismatchError, match=r"group's model was built .*\(n: rank 0: 6, "
+                                            r"rank 1: 7, rank 2: 6\)"):
+        check_same_settings(comm, "group's model", {"n": 6})
+    with pytest.raises(MismatchError, match=r"n: rank 4: 6, rank 1: 7, rank 9: 6"):
+        check_same_settings(comm, "group's model", {"n": 6}, ranks=[4, 1, 9])
+    with pytest.raises(ValueError, match="ranks names 2 members, the communicator has 3"):
+        check_same_settings(comm, "group's model", {"n": 6}, ranks=[4, 1])
+    check_same_settings(GatheredComm([{"n": 6}] * 2), "x", {"n": 6}, ranks=[3, 5])
 
 
 def test_layout_fingerprint_tells_layouts_apart_and_never_raises() -> None:

@@ -8,7 +8,7 @@ rank, naming the settings that differ and each rank's value.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dlcomm.errors import MismatchError
@@ -25,14 +25,21 @@ def differing_settings(per_rank: list[Mapping[str, Any]]) -> dict[str, list[Any]
     return out
 
 
-def check_same_settings(comm: Any, what: str, settings: Mapping[str, Any]) -> None:
+def check_same_settings(comm: Any, what: str, settings: Mapping[str, Any],
+                        ranks: Sequence[int] | None = None) -> None:
     """Raise ``MismatchError`` on every rank of ``comm`` unless all passed equal ``settings``
-    (collective: every rank of ``comm`` calls it at the same point)."""
+    (collective: every rank of ``comm`` calls it at the same point). ``ranks`` names the
+    members in the message (default: their ranks in ``comm``), e.g. a group's global ranks."""
     if not isinstance(settings, Mapping):
         raise TypeError(f"settings must be a mapping, got {type(settings).__name__}")
-    differ = differing_settings(comm.allgather(dict(settings)))
+    every = comm.allgather(dict(settings))
+    names = list(range(len(every))) if ranks is None else list(ranks)
+    if len(names) != len(every):
+        raise ValueError(f"ranks names {len(names)} members, the communicator has "
+                         f"{len(every)}")
+    differ = differing_settings(every)
     if differ:
-        lines = "; ".join(f"{name}: " + ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(vals))
+        lines = "; ".join(f"{name}: " + ", ".join(f"rank {r}: {v!r}" for r, v in zip(names, vals))
                           for name, vals in differ.items())
         raise MismatchError(f"{what} was built with different settings on different ranks "
                             f"({lines}); every rank must pass the same")

@@ -100,20 +100,15 @@ class GroupCycle:
         return self._comms[_check_int(step, "step", 0) % self.cycle]
 
     def check_layout(self, step: int, dtype: np.dtype, count: int) -> None:
-        """Raise on every member if the members of this rank's group at ``step`` average
-        different layouts (a mismatch would otherwise hang or corrupt ``MPI_Allreduce``);
-        checked once per communicator and layout."""
+        """Raise ``MismatchError`` on every member if the members of this rank's group at
+        ``step`` average different layouts (a mismatch would otherwise hang or corrupt
+        ``MPI_Allreduce``); checked once per communicator and layout."""
         comm, ranks = self.comm(step), self.group_ranks(step)
         key = (id(comm), dtype.str, count)
         if key in self._checked:
             return
-        mine = (int(count), np.dtype(dtype).name)
-        every = comm.allgather(mine)
-        if any(e != mine for e in every):
-            got = dict(zip(ranks, every))
-            raise ValueError(f"DS-Sync group {ranks} averages different parameters on its "
-                             f"members: (elements, dtype) per rank {got}; every rank must "
-                             f"pass the same model")
+        check_same_settings(comm, f"The model averaged in DS-Sync group {ranks}",
+                            {"elements": int(count), "dtype": np.dtype(dtype).name}, ranks)
         self._checked.add(key)
 
 
