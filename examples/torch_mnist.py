@@ -42,14 +42,15 @@ def load(dataset: str) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 class Net(torch.nn.Module):
-    """Two conv layers and two dense layers; sized for 8x8 or 28x28 inputs."""
+    """Two conv layers (``width`` and ``2 x width`` channels) and two dense layers; sized for
+    8x8 or 28x28 inputs."""
 
-    def __init__(self, side: int) -> None:
+    def __init__(self, side: int, width: int = 16) -> None:
         super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.conv1 = torch.nn.Conv2d(1, width, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(width, 2 * width, 3, padding=1)
         pooled = side // 4
-        self.fc1 = torch.nn.Linear(32 * pooled * pooled, 128)
+        self.fc1 = torch.nn.Linear(2 * width * pooled * pooled, 128)
         self.fc2 = torch.nn.Linear(128, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,6 +80,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model", default="cnn", choices=["cnn", "mlp"],
                    help="cnn: two conv + two dense layers (206 k parameters on MNIST); mlp: "
                         "input -> 2048 -> 2048 -> 10 (5.8 M), communication-bound")
+    p.add_argument("--width", type=int, default=16,
+                   help="cnn: channels of the first conv layer (the second has twice as "
+                        "many); 32 makes a step about 3x the computation")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.01, help="per rank; scaled by the rank count")
@@ -119,7 +123,9 @@ def main() -> None:
     test_idx, train_idx = order[:n_test], order[n_test:]
     x_test, y_test = torch.from_numpy(x[test_idx]), torch.from_numpy(y[test_idx])
 
-    model = Net(side) if args.model == "cnn" else MLP(side)
+    if args.width < 1:
+        raise SystemExit(f"--width must be >= 1, got {args.width}")
+    model = Net(side, args.width) if args.model == "cnn" else MLP(side)
     compression = args.compression
     if compression == "fp16":
         compression = hvd.Compression.fp16
@@ -148,7 +154,8 @@ def main() -> None:
         print(f"dlcomm demo: {size} ranks, {args.dataset} ({len(train_idx)} train / "
               f"{n_test} held-out images), {steps_per_epoch} steps per epoch, "
               f"compression={args.compression or 'DLCOMM_COMPRESSION/none'}"
-              + ("" if args.model == "cnn" else f", model={args.model}"), flush=True)
+              + ("" if args.model == "cnn" else f", model={args.model}")
+              + ("" if args.width == 16 else f", width={args.width}"), flush=True)
     slow = ComputeSlowdown.from_env()  # --heterogeneity compute=H:SPEED; no-op otherwise
     if args.straggler == "spread":
         spread_over(slow, model)
@@ -246,7 +253,8 @@ def main() -> None:
                            "samples_per_s": samples / train_time,
                            "bytes_per_step_per_rank": sent.item() / size / steps,
                            "model_bytes": flat.numel() * 4, "identical": identical,
-                           "model": args.model, "sync": args.sync or "bsp",
+                           "model": args.model, "width": args.width,
+                           "sync": args.sync or "bsp",
                            "schedule": args.schedule or "default",
                            "loss_tolerance": args.loss_tolerance,
                            "epoch_seconds": epoch_times,

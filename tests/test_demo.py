@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
     [],
     ["--schedule", "dear"],
     ["--schedule", "none", "--model", "mlp"],
-    ["--compression", "fp16"],
+    ["--compression", "fp16", "--width", "8"],
     ["--sync", "lbbsp", "--phase-times"],
     ["--loss-tolerance", "0.05"],
     ["--sync", "dssync:group_size=2"],  # on 4 ranks: on 2 it would be BSP
@@ -34,6 +34,7 @@ def test_demo_learns_with_each_feature(tmp_path: Path, extra: list[str]) -> None
     assert f"parameters identical on all {ranks} ranks: yes" in proc.stdout, proc.stdout
     result = json.loads(out.read_text())
     assert len(result["epoch_accuracy"]) == len(result["epoch_seconds"]) == 3
+    assert result["width"] == (8 if "--width" in extra else 16)
     assert result["accuracy"] > 0.6, proc.stdout  # chance is 0.1; dense reaches ~0.82
     if "--phase-times" in extra:  # one median per rank and phase
         phases = result["phase_ms"]
