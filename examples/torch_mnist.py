@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import dlcomm.torch as hvd  # dlcomm
+from dlcomm.bench.machine import steal_seconds
 from dlcomm.bench.step_phases import StepPhases, format_phase_medians
 from dlcomm.launcher.compute_slowdown import ComputeSlowdown
 from dlcomm.torch.compute_slowdown import spread_over
@@ -161,6 +162,7 @@ def main() -> None:
         spread_over(slow, model)
     phases = StepPhases(enabled=args.phase_times)
     sent_before = hvd.bytes_sent()
+    steal_before = steal_seconds()  # noisy neighbours on a VM: reported next to the times
     train_time = 0.0
     steps = 0
     epoch_times = []
@@ -220,6 +222,10 @@ def main() -> None:
     identical = all(torch.equal(everyone[0], other) for other in everyone)
     sent = hvd.allreduce(torch.tensor([float(hvd.bytes_sent() - sent_before)]),
                          name="bytes", op=hvd.Sum)
+    steal_after = steal_seconds()
+    steal = [s for s in hvd.allgather_object(
+        None if steal_before is None or steal_after is None else steal_after - steal_before,
+        name="steal") if s is not None]
     if slow.active:
         print(f"rank {rank}: {slow}", flush=True)
     phase_ms = None
@@ -237,6 +243,9 @@ def main() -> None:
         print(f"bytes sent per step: {sent.item() / size / steps / 1e3:.1f} kB per rank "
               f"(model: {flat.numel() * 4 / 1e3:.1f} kB of float32 parameters)")
         print(f"parameters identical on all {size} ranks: {'yes' if identical else 'NO'}")
+        if steal:
+            print(f"hypervisor steal during training: {max(steal):.1f} s of CPU time (the most "
+                  f"any rank's machine lost to other guests)")
         if hasattr(optimizer, "exchange_stats"):  # DLCP: what the bounded loss did
             st = optimizer.exchange_stats
             print(f"bounded loss: {np.mean([s.lost_fraction for s in st]):.4%} of elements lost "
@@ -260,7 +269,8 @@ def main() -> None:
                            "epoch_seconds": epoch_times,
                            "epoch_accuracy": epoch_accuracy,
                            "step_seconds": train_time / steps,
-                           "phase_ms": phase_ms}, f)
+                           "phase_ms": phase_ms,
+                           "steal_s": max(steal) if steal else None}, f)
     hvd.shutdown()
     if not identical:
         raise SystemExit(1)

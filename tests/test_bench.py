@@ -7,6 +7,7 @@ outputs (tables, JSON, report) are produced.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from mpi_run import run_mpi
 
 from dlcomm.bench import peers, report, table, units
 from dlcomm.bench.fusion import FusionOptions, format_fusion, markdown_fusion
-from dlcomm.bench.machine import cpu_model, format_machine, memory_gib
+from dlcomm.bench.machine import cpu_model, format_machine, memory_gib, steal_seconds
 from dlcomm.cli import main as cli
 
 
@@ -418,6 +419,13 @@ def test_machine_description_parsing() -> None:
                            "mpi": "Open MPI 4.1.4", "mpi4py": "4.1.2", "numpy": "2",
                            "python": "3.11"})
     assert line.startswith("2 cores (X), 24.0 GiB memory") and "Open MPI 4.1.4" in line
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = f"cpu  10 0 5 900 3 0 1 {3 * hz} 0 0\ncpu0 5 0 2 450 1 0 0 {hz} 0 0\n"
+    assert steal_seconds(stat) == pytest.approx(3.0)  # the all-CPU line, not cpu0
+    assert steal_seconds("cpu  10 0 5 900\n") is None  # an old kernel without steal
+    assert steal_seconds("nothing") is None
+    here = steal_seconds()
+    assert here is None or here >= 0
 
 
 # --- report plumbing -----------------------------------------------------------------------

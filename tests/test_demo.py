@@ -35,6 +35,7 @@ def test_demo_learns_with_each_feature(tmp_path: Path, extra: list[str]) -> None
     result = json.loads(out.read_text())
     assert len(result["epoch_accuracy"]) == len(result["epoch_seconds"]) == 3
     assert result["width"] == (8 if "--width" in extra else 16)
+    assert result["steal_s"] is None or result["steal_s"] >= 0
     assert result["accuracy"] > 0.6, proc.stdout  # chance is 0.1; dense reaches ~0.82
     if "--phase-times" in extra:  # one median per rank and phase
         phases = result["phase_ms"]

@@ -1,4 +1,5 @@
-"""What the benchmarks ran on: cores, CPU model, memory, MPI and library versions, load.
+"""What the benchmarks ran on: cores, CPU model, memory, MPI and library versions, load,
+hypervisor steal.
 
 Every figure in docs/benchmarks.md is written next to this description, because a timing
 means nothing without the machine (and, on a shared machine, its load) behind it. Nothing
@@ -44,6 +45,26 @@ def load_average() -> tuple[float, float, float] | None:
         return tuple(round(v, 2) for v in os.getloadavg())  # type: ignore[return-value]
     except OSError:
         return None
+
+
+def steal_seconds(stat: str | None = None) -> float | None:
+    """CPU seconds the hypervisor ran other guests while this machine's CPUs wanted to run
+    (the ``steal`` column of /proc/stat's ``cpu`` line, all CPUs summed), or None where the
+    kernel does not say. Its growth over a run tells a noisy neighbour on the physical host
+    from a slow code path (docs/heterogeneity.md reads it next to each run)."""
+    text = _read("/proc/stat") if stat is None else stat
+    match = re.search(r"^cpu\s+(.+)$", text, re.MULTILINE)
+    if not match:
+        return None
+    fields = match.group(1).split()
+    if len(fields) < 8:
+        return None
+    try:
+        ticks = int(fields[7])
+        hz = os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return ticks / hz
 
 
 def open_mpi_version(mpirun: str = "mpirun") -> str:
