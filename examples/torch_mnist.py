@@ -83,7 +83,7 @@ def parse_args() -> argparse.Namespace:
                         "input -> 2048 -> 2048 -> 10 (5.8 M), communication-bound")
     p.add_argument("--width", type=int, default=16,
                    help="cnn: channels of the first conv layer (the second has twice as "
-                        "many); 32 makes a step about 3x the computation")
+                        "many); 32 makes a step about 2.5x the computation")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.01, help="per rank; scaled by the rank count")

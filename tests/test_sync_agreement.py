@@ -33,7 +33,7 @@ def test_check_names_the_members_by_the_ranks_given() -> None:
         check_same_settings(comm, "group's model", {"n": 6})
     with pytest.raises(MismatchError, match=r"n: rank 4: 6, rank 1: 7, rank 9: 6"):
         check_same_settings(comm, "group's model", {"n": 6}, ranks=[4, 1, 9])
-    with pytest.raises(ValueError, match="ranks names 2 members, the communicator has 3"):
+    with pytest.raises(ValueError, match="ranks lists 2 members but the communicator has 3"):
         check_same_settings(comm, "group's model", {"n": 6}, ranks=[4, 1])
     check_same_settings(GatheredComm([{"n": 6}] * 2), "x", {"n": 6}, ranks=[3, 5])
 

@@ -35,7 +35,7 @@ def check_same_settings(comm: Any, what: str, settings: Mapping[str, Any],
     every = comm.allgather(dict(settings))
     names = list(range(len(every))) if ranks is None else list(ranks)
     if len(names) != len(every):
-        raise ValueError(f"ranks names {len(names)} members, the communicator has "
+        raise ValueError(f"ranks lists {len(names)} members but the communicator has "
                          f"{len(every)}")
     differ = differing_settings(every)
     if differ:
