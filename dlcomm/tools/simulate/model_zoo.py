@@ -9,7 +9,7 @@ matrix products only (normalisation, activations and pooling are small next to t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from dlcomm.tools.simulate.devices import Device
 from dlcomm.tools.simulate.workload import Layer, Tensor, Workload
@@ -151,20 +151,20 @@ def _bert(name: str, layers: int, width: int, seq: int = 128) -> ModelDescriptio
     return ModelDescription(name, tuple(b.layers))
 
 
-def _mlp(name: str, widths: tuple[int, ...]) -> ModelDescription:
+def _mlp(name: str, widths: tuple[int, ...], names: Sequence[str]) -> ModelDescription:
     b = _Builder()
-    for i, (fin, fout) in enumerate(zip(widths, widths[1:])):
-        b.linear(f"fc{i + 1}", fin, fout)
+    for layer, fin, fout in zip(names, widths, widths[1:]):
+        b.linear(layer, fin, fout)
     return ModelDescription(name, tuple(b.layers))
 
 
-def _small_cnn(name: str, cin: int, side: int, c1: int, c2: int, hidden: int
-               ) -> ModelDescription:
+def _small_cnn(name: str, cin: int, side: int, c1: int, c2: int, hidden: int,
+               names: Sequence[str]) -> ModelDescription:
     b = _Builder()
-    b.conv("conv1", cin, c1, 3, side, bias=True, bn=False)
-    b.conv("conv2", c1, c2, 3, side // 2, bias=True, bn=False)
-    b.linear("fc1", c2 * (side // 4) ** 2, hidden)
-    b.linear("fc2", hidden, 10)
+    b.conv(names[0], cin, c1, 3, side, bias=True, bn=False)
+    b.conv(names[1], c1, c2, 3, side // 2, bias=True, bn=False)
+    b.linear(names[2], c2 * (side // 4) ** 2, hidden)
+    b.linear(names[3], hidden, 10)
     return ModelDescription(name, tuple(b.layers))
 
 
@@ -176,12 +176,15 @@ MODELS: dict[str, Callable[[], ModelDescription]] = {
     "alexnet": _alexnet,
     "bert-base": lambda: _bert("bert-base", 12, 768),
     "bert-large": lambda: _bert("bert-large", 24, 1024),
-    # dlcomm's examples: examples/torch_mnist.py (--model mlp / cnn, width 16) and
-    # examples/torch_synthetic_benchmark.py (--model mlp / cnn).
-    "mnist-mlp": lambda: _mlp("mnist-mlp", (784, 2048, 2048, 10)),
-    "mnist-cnn": lambda: _small_cnn("mnist-cnn", 1, 28, 16, 32, 128),
-    "synthetic-mlp": lambda: _mlp("synthetic-mlp", (3072, 1536, 1024, 10)),
-    "synthetic-cnn": lambda: _small_cnn("synthetic-cnn", 3, 32, 32, 64, 256),
+    # dlcomm's examples, with their parameter names (so timelines match them):
+    # examples/torch_mnist.py (--model mlp / cnn, width 16) and
+    # examples/torch_synthetic_benchmark.py (--model mlp / cnn, torch.nn.Sequential).
+    "mnist-mlp": lambda: _mlp("mnist-mlp", (784, 2048, 2048, 10), ("fc1", "fc2", "fc3")),
+    "mnist-cnn": lambda: _small_cnn("mnist-cnn", 1, 28, 16, 32, 128,
+                                    ("conv1", "conv2", "fc1", "fc2")),
+    "synthetic-mlp": lambda: _mlp("synthetic-mlp", (3072, 1536, 1024, 10), ("1", "3", "5")),
+    "synthetic-cnn": lambda: _small_cnn("synthetic-cnn", 3, 32, 32, 64, 256,
+                                        ("0", "3", "7", "9")),
 }
 
 
