@@ -172,16 +172,27 @@ def ring_allgather(per_rank: float, topo: Topology) -> Cost:
     return _with_call(_ring_step(per_rank, topo).times(p - 1), topo)
 
 
-def allgatherv(per_rank: float, topo: Topology) -> Cost:
-    """All-gather of payloads whose size the receivers learn first (dlcomm's compressed
-    all-gather: a size exchange, then a ring all-gather of the payloads)."""
-    p = topo.workers
+def bruck_allgather(per_rank: float, topo: Topology) -> Cost:
+    """Bruck's all-gather: ``ceil(log2 p)`` steps; at step k every rank sends
+    ``min(2^k, p - 2^k)`` blocks to the rank ``2^k`` below it (MPI's choice for small
+    payloads; the same ``(p-1)`` blocks in all as the ring, with ``log p`` latencies)."""
+    per_rank, p = _check_bytes(per_rank), topo.workers
     if p == 1:
         return ZERO_COST
-    sizes = ZERO_COST
-    for k in range(_log2_ceil(p)):  # recursive doubling of 8-byte sizes: latency only
-        sizes = sizes + _exchange_step(0.0, topo, 1 << k)
-    return ring_allgather(per_rank, topo) + sizes
+    cost = ZERO_COST
+    for k in range(_log2_ceil(p)):
+        blocks = min(1 << k, p - (1 << k))
+        cost = cost + _exchange_step(per_rank * blocks, topo, 1 << k)
+    return _with_call(cost, topo)
+
+
+def size_exchange(topo: Topology) -> Cost:
+    """The all-gather of 8-byte sizes before an all-gather of unequal payloads
+    (recursive doubling: latency only)."""
+    cost = ZERO_COST
+    for k in range(_log2_ceil(topo.workers)):
+        cost = cost + _exchange_step(0.0, topo, 1 << k)
+    return cost
 
 
 def gtopk_merge_tree(pair_bytes: float, topo: Topology) -> Cost:

@@ -106,6 +106,7 @@ class _Channel:
         self.busy = 0.0
         self.link = 0.0
         self.payload = 0.0
+        self.compute = 0.0
 
     def send(self, ready_at: float, message: MessageCost) -> float:
         start = max(self.free_at, ready_at)
@@ -113,17 +114,24 @@ class _Channel:
         self.busy += message.seconds
         self.link += message.link_bytes
         self.payload += message.payload_bytes
+        self.compute += message.compute_s
         return self.free_at
 
     def take(self) -> tuple[float, float, float]:
         out = (self.busy, self.link, self.payload)
-        self.busy = self.link = self.payload = 0.0
+        self.busy = self.link = self.payload = self.compute = 0.0
         return out
 
 
 def simulate_bsp(workload: Workload, method: Method, messages: MessageModel, *,
                  warmup: int = 1, measured: int = 2) -> IterationResult:
-    """Run ``warmup + measured`` iterations of ``workload`` under ``method``'s schedule."""
+    """Run ``warmup + measured`` iterations of ``workload`` under ``method``'s schedule.
+
+    With ``messages.compression_on_device`` compression shares the processor with training
+    (a GPU's kernels, or an engine thread without a core of its own), so each iteration's
+    compression time also delays the update; otherwise it only occupies the channel.
+    """
+    compression_on_device = messages.compression_on_device
     if warmup < 0 or measured < 1:
         raise ValueError(f"need warmup >= 0 and measured >= 1, got {warmup}, {measured}")
     tensors = workload.tensors
@@ -187,10 +195,14 @@ def simulate_bsp(workload: Workload, method: Method, messages: MessageModel, *,
         def group_cost(group: list[int], step: int = it) -> MessageCost:
             return messages.group([tensors[i] for i in group], step)
 
+        def finish(backward_end: float = backward_end) -> float:
+            busy_computing = backward_end + (channel.compute if compression_on_device else 0.0)
+            return max(busy_computing, channel.free_at) + workload.update_s
+
         if schedule == "none":
             for g in fusion_groups(backward_order, sizes, threshold):
                 channel.send(backward_end, group_cost(g))
-            t = max(backward_end, channel.free_at) + workload.update_s
+            t = finish()
         elif schedule == "wfbp":
             pos = 0
             while pos < len(backward_order):
@@ -206,11 +218,11 @@ def simulate_bsp(workload: Workload, method: Method, messages: MessageModel, *,
                     total += sizes[nxt]
                     pos += 1
                 channel.send(start, group_cost(group))
-            t = max(backward_end, channel.free_at) + workload.update_s
+            t = finish()
         elif schedule == "mgwfbp":
             for g in mg_groups:
                 channel.send(max(ready[i] for i in g), group_cost(g))
-            t = max(backward_end, channel.free_at) + workload.update_s
+            t = finish()
         else:  # dear
             for g in buckets:
                 channel.send(max(ready[i] for i in g),

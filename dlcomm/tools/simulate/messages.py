@@ -1,11 +1,15 @@
 """What one message of the engine costs: a fused group of gradients sent with a method's
 compressor and all-reduce algorithm over a network.
 
-Mirrors dlcomm's executor: dense gradients of a group travel in one fused all-reduce;
-summable compressors (every round an all-reduce) fuse each round's payloads of the whole
-group, with bypassed tensors dense in the first round; the others run tensor by tensor,
-round by round (all-gather, gTop-k's merge tree, all-reduce), a bypassed tensor as its own
-dense all-reduce. Compression runs on the engine's thread, so its time occupies the channel.
+Mirrors dlcomm's executor: dense gradients of a group travel in one fused all-reduce with
+the method's algorithm; summable compressors (every round an all-reduce) fuse each round's
+payloads of the whole group the same way, with bypassed tensors dense in the first round;
+the others run tensor by tensor, round by round, through MPI's own collectives
+(``MPICommAdapter``: all-gather of unequal payloads, gTop-k's merge tree, all-reduce), a
+bypassed tensor as its own dense all-reduce. MPI chooses its algorithm per size; the model
+takes the faster of ring and halving-doubling for its all-reduce and of ring and Bruck for
+its all-gather (the choice an MPI tuned for the network would make). Compression runs on
+the engine's thread, so its time occupies the channel.
 """
 from __future__ import annotations
 
@@ -23,27 +27,35 @@ from dlcomm.tools.simulate.workload import Tensor
 
 @dataclasses.dataclass(frozen=True)
 class MessageCost:
-    """Seconds on the communication channel, bytes through one host's network link, and
-    bytes handed to collectives (what ``dlcomm.bytes_sent()`` counts)."""
+    """Seconds on the communication channel, bytes through one host's network link, bytes
+    handed to collectives (what ``dlcomm.bytes_sent()`` counts), and the part of ``seconds``
+    spent computing (compression), which also keeps the device from training when
+    compression shares it."""
 
     seconds: float
     link_bytes: float
     payload_bytes: float
+    compute_s: float = 0.0
 
     def __add__(self, other: MessageCost) -> MessageCost:
         return MessageCost(self.seconds + other.seconds, self.link_bytes + other.link_bytes,
-                           self.payload_bytes + other.payload_bytes)
+                           self.payload_bytes + other.payload_bytes,
+                           self.compute_s + other.compute_s)
 
 
-NOTHING = MessageCost(0.0, 0.0, 0.0)
+NOTHING = MessageCost(0.0, 0.0, 0.0, 0.0)
+MPI_ALLREDUCE = "mpi_allreduce"
 
 
 class MessageModel:
-    """Costs of messages under ``method`` on ``network``, with compression on ``device``."""
+    """Costs of messages under ``method`` on ``network``, with compression on ``device``
+    (sharing it with training when ``compression_on_device``)."""
 
     def __init__(self, method: Method, network: Network, device: Device,
-                 measured_costs: Mapping[str, MeasuredCost] | None = None) -> None:
+                 measured_costs: Mapping[str, MeasuredCost] | None = None,
+                 compression_on_device: bool = True) -> None:
         self.method = method
+        self.compression_on_device = bool(compression_on_device)
         self.network = network
         self.device = device
         self.measured_costs = dict(measured_costs or {})
@@ -53,12 +65,20 @@ class MessageModel:
     def _from_cost(self, cost: Cost, payload: float) -> MessageCost:
         return MessageCost(cost.seconds(self.network.params), cost.link_bytes, payload)
 
+    def _fastest(self, *costs: Cost) -> Cost:
+        return min(costs, key=lambda c: c.seconds(self.network.params))
+
     def _collective_uncached(self, kind: str, nbytes: float) -> MessageCost:
         topo, m = self.network.topology, self.method
         if kind == ALLREDUCE:
             cost = collectives.allreduce(m.algorithm, nbytes, topo, m.leader_algorithm)
+        elif kind == MPI_ALLREDUCE:
+            cost = self._fastest(collectives.ring_allreduce(nbytes, topo),
+                                 collectives.rhd_allreduce(nbytes, topo))
         elif kind == ALLGATHER:
-            cost = collectives.allgatherv(nbytes, topo)
+            cost = self._fastest(collectives.ring_allgather(nbytes, topo),
+                                 collectives.bruck_allgather(nbytes, topo))
+            cost = cost + collectives.size_exchange(topo)
         elif kind == SPARSE_MERGE:
             cost = collectives.gtopk_merge_tree(nbytes, topo)
         elif kind == "reducescatter":
@@ -70,8 +90,9 @@ class MessageModel:
         return self._from_cost(cost, nbytes)
 
     def collective(self, kind: str, nbytes: float) -> MessageCost:
-        """One collective: ``allreduce``, ``allgather`` (payloads of ``nbytes`` per rank),
-        ``sparse_merge`` (gTop-k's tree), ``reducescatter`` or ``ringallgather``."""
+        """One collective: ``allreduce`` (the method's algorithm), ``mpi_allreduce`` (MPI's),
+        ``allgather`` (payloads of ``nbytes`` per rank, through MPI), ``sparse_merge``
+        (gTop-k's tree), ``reducescatter`` or ``ringallgather`` (DeAR's halves)."""
         return self._collective(kind, float(nbytes))
 
     def dense_allreduce(self, nbytes: float) -> MessageCost:
@@ -98,7 +119,7 @@ class MessageModel:
             compressed = [t for t in tensors if self._applies(t)]
             dense_bytes = sum(t.nbytes for t in tensors if not self._applies(t))
             compute = sum(self._compute(t) for t in compressed)
-            total = MessageCost(compute, 0.0, 0.0)
+            total = MessageCost(compute, 0.0, 0.0, compute)
             for r in range(len(c.rounds)):
                 nbytes = sum(c.round_payloads(t, step)[r][1] for t in compressed)
                 nbytes += dense_bytes if r == 0 else 0.0
@@ -108,11 +129,13 @@ class MessageModel:
         total = NOTHING
         for t in tensors:
             if not self._applies(t):
-                total = total + self.dense_allreduce(t.nbytes)
+                total = total + self.collective(MPI_ALLREDUCE, t.nbytes)
                 continue
-            total = total + MessageCost(self._compute(t), 0.0, 0.0)
+            compute = self._compute(t)
+            total = total + MessageCost(compute, 0.0, 0.0, compute)
             for kind, nbytes in c.round_payloads(t, step):
-                total = total + self.collective(kind, nbytes)
+                total = total + self.collective(MPI_ALLREDUCE if kind == ALLREDUCE else kind,
+                                                nbytes)
         return total
 
     def reduce_scatter(self, nbytes: float) -> MessageCost:

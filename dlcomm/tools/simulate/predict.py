@@ -72,11 +72,12 @@ class Prediction:
         return out
 
 
-def message_factory(device: Device, measured_costs: Mapping[str, MeasuredCost] | None = None):
+def message_factory(device: Device, measured_costs: Mapping[str, MeasuredCost] | None = None,
+                    compression_on_device: bool = True):  # noqa: ANN201 - a closure
     """A ``(method, network) -> MessageModel`` with compression on ``device``."""
 
     def make(method: Method, network: Network) -> MessageModel:
-        return MessageModel(method, network, device, measured_costs)
+        return MessageModel(method, network, device, measured_costs, compression_on_device)
 
     return make
 
@@ -85,16 +86,19 @@ def predict(workload: Workload, method: Method, network: Network, device: Device
             measured_costs: Mapping[str, MeasuredCost] | None = None,
             stragglers: StragglerTrace | None = None,
             congestion: CongestionTrace | None = None,
-            iterations: int = DEFAULT_TRACE_ITERATIONS, global_every: int = 0) -> Prediction:
+            iterations: int = DEFAULT_TRACE_ITERATIONS, global_every: int = 0,
+            compression_on_device: bool = True) -> Prediction:
     """Simulate ``method``. ``stragglers`` (per-iteration worker speeds) drive LB-BSP and a
     BSP run with stragglers; ``congestion`` (per-host link rates over time) drives DLCP and
     a lossless run under congestion; both run ``iterations`` iterations. ``global_every``:
-    DS-Sync's global average every that many iterations (0: never)."""
+    DS-Sync's global average every that many iterations (0: never).
+    ``compression_on_device``: compression keeps the device from training (see
+    ``engine.simulate_bsp``)."""
     if not isinstance(method, Method):
         raise TypeError(f"method must be a Method, got {type(method).__name__}")
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
-    make = message_factory(device, measured_costs)
+    make = message_factory(device, measured_costs, compression_on_device)
     topo = network.topology
     details: dict[str, Any] = {}
     if method.loss_tolerance > 0 or (congestion is not None and method.sync.kind == "bsp"):

@@ -54,7 +54,9 @@ def simulate_dssync(workload: Workload, method: Method, network: Network,
         group = Topology(size, 1, topo.oversubscription * topo.slots_per_host)
     average = make_messages(bsp, network.with_topology(group)).dense_allreduce(
         float(workload.parameter_bytes))
-    seconds, link, payload = average.seconds, average.link_bytes, average.payload_bytes
+    # every rank of a host sends its own group's average through the host's link
+    seconds, payload = average.seconds, average.payload_bytes
+    link = average.link_bytes * (topo.slots_per_host if topo.hosts > 1 else 1)
     if global_every > 0:
         everyone = make_messages(bsp, network).dense_allreduce(float(workload.parameter_bytes))
         seconds += everyone.seconds / global_every
