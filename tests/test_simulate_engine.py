@@ -132,11 +132,12 @@ def test_same_inputs_same_outputs() -> None:
         assert a == b
 
 
-ALL_METHODS = ("dense", "dense schedule=none", "dense mgwfbp", "dense dear", "dense rhd",
-               "dense tree", "dense hierarchical", "fp16", "bf16", "topk:ratio=0.01",
-               "topk:ratio=0.01,approx=1", "randomk:ratio=0.01", "gtopk:ratio=0.01",
-               "efsignsgd", "signum", "qsgd:levels=16", "powersgd:rank=4", "acpsgd:rank=4",
-               "powersgd:rank=4+fp16", "dssync:group_size=2", "lbbsp", "loss_tolerance=0.1")
+ALL_METHODS = (
+    "dense", "dense schedule=none", "dense mgwfbp", "dense dear", "dense rhd", "dense native",
+    "dense tree", "dense hierarchical", "fp16", "bf16", "topk:ratio=0.01",
+    "topk:ratio=0.01,approx=1", "randomk:ratio=0.01", "gtopk:ratio=0.01", "efsignsgd", "signum",
+    "qsgd:levels=16", "powersgd:rank=4", "acpsgd:rank=4", "powersgd:rank=4+fp16",
+    "dssync:group_size=2", "lbbsp", "loss_tolerance=0.1")
 
 
 @pytest.mark.parametrize("text", ALL_METHODS)

@@ -70,9 +70,9 @@ class MessageModel:
 
     def _collective_uncached(self, kind: str, nbytes: float) -> MessageCost:
         topo, m = self.network.topology, self.method
-        if kind == ALLREDUCE:
+        if kind == ALLREDUCE and m.algorithm != "native":
             cost = collectives.allreduce(m.algorithm, nbytes, topo, m.leader_algorithm)
-        elif kind == MPI_ALLREDUCE:
+        elif kind in (ALLREDUCE, MPI_ALLREDUCE):
             cost = self._fastest(collectives.ring_allreduce(nbytes, topo),
                                  collectives.rhd_allreduce(nbytes, topo))
         elif kind == ALLGATHER:

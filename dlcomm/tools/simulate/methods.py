@@ -19,6 +19,9 @@ from dlcomm.tools.simulate.collectives import ALLREDUCE_ALGORITHMS, FLAT_ALGORIT
 from dlcomm.tools.simulate.compressors import CompressorModel
 
 SCHEDULES = ("wfbp", "mgwfbp", "dear", "none")  # dlcomm's names (frameworks/torch/schedules)
+# dlcomm's DLCOMM_ALLREDUCE_ALGORITHM values; "native" (MPI's own, dlcomm's default) is
+# modelled as the faster of ring and halving-doubling at each size.
+ALGORITHMS = (*ALLREDUCE_ALGORITHMS, "native")
 DEFAULT_FUSION_THRESHOLD = 64 << 20  # DLCOMM_FUSION_THRESHOLD's default
 DEFAULT_DEAR_BUCKET_SIZE = 4 << 20  # DLCOMM_DEAR_BUCKET_SIZE's default
 DEFAULT_MIN_COMPRESS_SIZE = 1024  # DLCOMM_MIN_COMPRESS_SIZE's default
@@ -102,8 +105,8 @@ class Method:
         if isinstance(self.sync, str):
             object.__setattr__(self, "sync", SyncSpec.parse(self.sync))
         compressor = CompressorModel.parse(self.compression)  # ValueError on a bad spec
-        if self.algorithm not in ALLREDUCE_ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALLREDUCE_ALGORITHMS}, got "
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got "
                              f"{self.algorithm!r}")
         if self.leader_algorithm not in FLAT_ALGORITHMS:
             raise ValueError(f"leader_algorithm must be one of {FLAT_ALGORITHMS}, got "
@@ -183,7 +186,7 @@ class Method:
                 values["compression"] = "none"
             elif item in SCHEDULES:
                 values["schedule"] = item
-            elif item in ALLREDUCE_ALGORITHMS:
+            elif item in ALGORITHMS:
                 values["algorithm"] = item
             elif item.split(":")[0] in ("bsp", "dssync", "lbbsp"):
                 values["sync"] = item

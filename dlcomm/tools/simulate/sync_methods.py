@@ -3,7 +3,8 @@ DLCP's bounded-loss exchange under congestion. Each follows dlcomm's implementat
 (docs/heterogeneity.md) and reuses its pure parts (LB-BSP's balancer).
 
 * DS-Sync: after its own optimizer step, a worker averages parameters with its group
-  (``group_size`` workers, a fresh random partition each step) in one blocking all-reduce;
+  (``group_size`` workers, a fresh random partition each step) in one blocking MPI
+  all-reduce (modelled as MPI's faster of ring and halving-doubling);
   no overlap with backward. Groups are disjoint, so all of them run at once; members sit on
   different hosts, and every rank of a host averages with its own group at the same moment,
   so the host's link is shared by its slots.
@@ -52,7 +53,9 @@ def simulate_dssync(workload: Workload, method: Method, network: Network,
         group = Topology(1, size)
     else:
         group = Topology(size, 1, topo.oversubscription * topo.slots_per_host)
-    average = make_messages(bsp, network.with_topology(group)).dense_allreduce(
+    # dlcomm averages a group with MPI's own blocking all-reduce on the group's communicator
+    native = dataclasses.replace(bsp, algorithm="native")
+    average = make_messages(native, network.with_topology(group)).dense_allreduce(
         float(workload.parameter_bytes))
     # every rank of a host sends its own group's average through the host's link
     seconds, payload = average.seconds, average.payload_bytes
