@@ -96,7 +96,7 @@ def seed_acpsgd() -> SeedResult:
         "ResNet-152 (32), BERT-Base (32, seq 128) on RTX 2080 Ti; rank 4, WFBP, 64 MiB fusion",
         "4.06x over S-SGD, 1.43x over PowerSGD (averages)", 4.06,
         f"{g_s:.2f}x over S-SGD, {g_p:.2f}x over PowerSGD (geometric means of 36 cases)", g_s,
-        "The gain over S-SGD is all network: 7-21x at 1 GbE, 1.0-2.6x at 10 GbE, none at "
+        "The gain over S-SGD is all network: 6.5-21x at 1 GbE, 1.0-2.6x at 10 GbE, none at "
         "100 Gb IB, where the compute-bound iteration hides the all-reduce and compression "
         "costs a little; the paper's average weights its slow-network runs. Over PowerSGD "
         "dlcomm already fuses both PowerSGD rounds across tensors (its engine's summable "
