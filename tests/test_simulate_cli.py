@@ -229,11 +229,18 @@ def test_seeds_table_and_figures(tmp_path: Path) -> None:
         run_seeds(["nothing"])
 
 
-def test_every_seed_runs_and_is_deterministic() -> None:
+def test_every_seed_runs_is_deterministic_and_the_docs_are_current() -> None:
     first = run_seeds()
     assert [r.key for r in first] == list(SEEDS)
     for r in first:
         assert r.rows and r.paper_value > 1 and r.simulated_value > 0
+    # docs/simulation/seeds.md is `dlcomm simulate seeds --out docs/simulation`'s output, and
+    # docs/simulation.md quotes its summary table: regenerate both when this fails
+    full = format_seeds(first, {r.key: f"seed_{r.key}.png" for r in first})
+    assert (REPO / "docs" / "simulation" / "seeds.md").read_text() == full
+    page = (REPO / "docs" / "simulation.md").read_text()
+    for line in full.split("\n\n")[0].splitlines():
+        assert line in page, line
     again = run_seeds(["gtopk", "lbbsp", "dlcp"])
     assert format_seeds(again) == format_seeds([r for r in first if r.key in
                                                 ("gtopk", "lbbsp", "dlcp")])

@@ -111,11 +111,15 @@ def predict(workload: Workload, method: Method, network: Network, device: Device
             result = simulate_congested_bsp(workload, method, network, make, trace, iterations)
     elif method.sync.kind == "dssync":
         result = simulate_dssync(workload, method, network, make, global_every=global_every)
+        if stragglers is not None:
+            details["stragglers"] = "not modelled for DS-Sync: ignored"
     elif method.sync.kind == "lbbsp" or stragglers is not None:
         trace = stragglers or StragglerTrace.uniform(topo.workers)
         run = simulate_balanced(workload, method, network, make, trace, iterations)
         result = run.result
         details["batch_sizes"] = list(run.batch_sizes)
+        if congestion is not None:
+            details["congestion"] = "not modelled with LB-BSP: ignored"
     else:
         result = simulate_bsp(workload, method, make(method, network))
     return Prediction(method.name, workload.name, topo.workers, topo.hosts, topo.slots_per_host,
