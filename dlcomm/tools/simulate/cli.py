@@ -288,6 +288,9 @@ def run_predict(args: argparse.Namespace) -> int:
                                  args.iterations)
         congestion = None
         if args.congestion:
+            if params.beta <= 0:
+                raise ValueError("--congestion needs a link rate: give --network or --params "
+                                 "with beta > 0")
             congestion = CongestionTrace.from_heterogeneity(
                 args.congestion, topo.hosts, 8.0 / params.beta, horizon_s=10 * args.iterations)
         for method in methods:

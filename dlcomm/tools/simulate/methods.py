@@ -29,14 +29,16 @@ DEFAULT_MIN_COMPRESS_SIZE = 1024  # DLCOMM_MIN_COMPRESS_SIZE's default
 
 @dataclasses.dataclass(frozen=True)
 class SyncSpec:
-    """``bsp``, ``dssync`` (``group_size``) or ``lbbsp`` (``interval``, ``max_batch_factor``:
-    a rank's batch may grow to that multiple of the even share, as the demo allows)."""
+    """``bsp``, ``dssync`` (``group_size``) or ``lbbsp`` (``interval``, ``predictor``,
+    ``min_batch``, ``max_batch_factor``: a rank's batch may grow to that multiple of the even
+    share, as the demo allows; the global batch is workers x the workload's batch)."""
 
     kind: str = "bsp"
     group_size: int = 0
     interval: int = 8
     max_batch_factor: float = 4.0
     min_batch: int = 1
+    predictor: str = "ema"
 
     @classmethod
     def parse(cls, text: str) -> SyncSpec:
@@ -56,22 +58,28 @@ class SyncSpec:
                 raise ValueError(f"sync {text!r}: group_size must be >= 1")
             return cls("dssync", group_size=size)
         if kind == "lbbsp":
-            unknown = set(items) - {"interval", "max_batch_factor", "min_batch", "predictor",
-                                    "global_batch", "max_batch"}
+            unknown = set(items) - {"interval", "max_batch_factor", "min_batch", "predictor"}
             if unknown:
-                raise ValueError(f"sync {text!r}: unknown lbbsp items {sorted(unknown)}")
+                raise ValueError(f"sync {text!r}: the simulator takes interval, predictor, "
+                                 "min_batch and max_batch_factor (the global batch is workers "
+                                 f"x the batch size), not {sorted(unknown)}")
             spec = cls("lbbsp", interval=int(items.get("interval", 8)),
                        max_batch_factor=float(items.get("max_batch_factor", 4.0)),
-                       min_batch=int(items.get("min_batch", 1)))
+                       min_batch=int(items.get("min_batch", 1)),
+                       predictor=items.get("predictor", "ema"))
             if spec.interval < 1 or spec.max_batch_factor < 1 or spec.min_batch < 0:
                 raise ValueError(f"sync {text!r}: need interval >= 1, max_batch_factor >= 1, "
                                  "min_batch >= 0")
+            if spec.predictor not in ("ema", "narx", "narx-ridge"):
+                raise ValueError(f"sync {text!r}: predictor must be ema, narx or narx-ridge")
             return spec
         raise ValueError(f"unknown sync {text!r}: use bsp, dssync:group_size=S or lbbsp")
 
     def __str__(self) -> str:
         if self.kind == "dssync":
             return f"dssync:group_size={self.group_size}"
+        if self.kind == "lbbsp" and self.predictor != "ema":
+            return f"lbbsp:predictor={self.predictor}"
         return self.kind
 
 

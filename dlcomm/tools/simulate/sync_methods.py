@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -77,7 +76,7 @@ class BalancedRun:
     batch_sizes: tuple[int, ...]
 
 
-def ramp_intervals(interval: int) -> Any:
+def ramp_intervals(interval: int) -> Iterator[int]:
     """LB-BSP's re-size points: after 2, 4, 8, ... iterations up to ``interval``, then every
     ``interval`` (``BatchBalancer``'s ramp)."""
     span = min(2, interval)
@@ -106,7 +105,7 @@ def simulate_balanced(workload: Workload, method: Method, network: Network,
     base = workload.batch_size
     balancer = BatchBalancer(base * workers, workers, 0, min_batch=spec.min_batch,
                              max_batch=max(int(spec.max_batch_factor * base), base),
-                             interval=spec.interval)
+                             predictor=spec.predictor, interval=spec.interval)
     batches = np.array(balancer.batch_sizes, dtype=np.float64)
     cache: dict[float, IterationResult] = {}
     fb = workload.forward_s + workload.backward_s
