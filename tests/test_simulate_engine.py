@@ -293,3 +293,22 @@ def test_workload_json_round_trip_and_rescaling(tmp_path: Path) -> None:
                           Layer("b", 0, 0, (Tensor("t", (1,)),))))
     with pytest.raises(ValueError, match="lacks the field"):
         Workload.from_dict({"name": "x"})
+
+
+def test_measured_compressor_costs_replace_the_estimate() -> None:
+    from dlcomm.tools.simulate.compressors import MeasuredCost
+
+    measured = {"topk:ratio=0.01": MeasuredCost(1e-5, 1e-9),
+                "topk:ratio=0.01,approx=1": MeasuredCost(2e-5, 5e-10)}
+    t = Tensor("x", (1000, 1000))
+    cpu = get_device("cpu-core")
+
+    def cost(spec: str) -> float:
+        return CompressorModel.parse(spec).compute_seconds(t, 1, cpu, measured)
+
+    assert cost("topk:ratio=0.01") == pytest.approx(1e-5 + 1e-3)
+    assert cost("topk:ratio=0.001") == cost("topk:ratio=0.01")  # same compressor, other k
+    assert cost("topk:ratio=0.001,approx=1") == pytest.approx(2e-5 + 5e-4)
+    estimated = CompressorModel.parse("powersgd").compute_seconds(t, 1, cpu)
+    assert cost("powersgd") == estimated > 0  # not measured: the device's estimate
+    assert CompressorModel.parse("none").compute_seconds(t, 8, cpu, measured) == 0.0

@@ -161,11 +161,28 @@ class CompressorModel:
     def _cost_key(self) -> str:
         return "topk-approx" if self.name == "topk" and self.params.get("approx") else self.name
 
+    def _measured(self, measured: Mapping[str, MeasuredCost]) -> MeasuredCost | None:
+        """This spec's measured cost, else one measured for the same compressor (another
+        ratio or rank: the cost per element barely depends on it)."""
+        if self.spec in measured:
+            return measured[self.spec]
+        from dlcomm.compression.registry import parse_spec
+
+        for spec, cost in measured.items():
+            try:
+                name, params, _ = parse_spec(spec)
+            except ValueError:
+                continue
+            if name == self.name and bool(params.get("approx", False)) == \
+                    bool(self.params.get("approx", False)):
+                return cost
+        return None
+
     def compute_seconds(self, tensor: Tensor, workers: int, device: Device,
                         measured: Mapping[str, MeasuredCost] | None = None) -> float:
         """One rank's compress + decompress of ``tensor`` (and the aggregation of every
         rank's payload for all-gather compressors) on ``device``, or from ``measured``
-        (keyed by spec or by name) when it holds this compressor."""
+        (keyed by spec) when it holds this compressor."""
         if self.is_dense:
             return 0.0
         model = COST_MODELS[self._cost_key()]
@@ -175,7 +192,7 @@ class CompressorModel:
                 else tensor.numel
             gathered = device.seconds_for(
                 0.0, model.gather_bytes_per_element * elements * (workers - 1))
-        found = None if measured is None else measured.get(self.spec, measured.get(self.name))
+        found = self._measured(measured) if measured else None
         if found is not None:
             return found.per_tensor_s + found.per_element_s * tensor.numel + gathered
         rank = int(self.params.get("rank", 0) or 0)
