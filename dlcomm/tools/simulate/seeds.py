@@ -247,8 +247,7 @@ def seed_hierarchical() -> SeedResult:
 
 
 def seed_dssync() -> SeedResult:
-    """DS-Sync groups against BSP, 16 to 128 workers, with and without an oversubscribed
-    core."""
+    """DS-Sync groups against BSP, 16 to 128 workers, core 1:1 and 4:1 oversubscribed."""
     models = (("resnet50", 64), ("bert-base", 32))
     rows, series, best = [], {}, {}
     for oversub in (1.0, 4.0):
