@@ -61,6 +61,8 @@ setup(
         # scikit-optimize is archived).
         "autotune": ["optuna>=4,<6"],
         "bench": ["matplotlib"],
+        # dlcomm simulate: non-negative least squares for calibration (scipy) and figures.
+        "simulate": ["matplotlib", "scipy"],
     },
     ext_modules=native_extensions(),
     cmdclass={"build_ext": OptionalBuildExt},

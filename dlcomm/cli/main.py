@@ -16,6 +16,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, str] = {
     "timeline": "dlcomm.cli.timeline",
     "bench": "dlcomm.cli.bench",
+    "simulate": "dlcomm.tools.simulate.cli",
 }
 
 EXIT_NOT_AVAILABLE = 2

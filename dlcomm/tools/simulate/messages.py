@@ -1,0 +1,154 @@
+"""What one message of the engine costs: a fused group of gradients sent with a method's
+compressor and all-reduce algorithm over a network.
+
+Mirrors dlcomm's executor: dense gradients of a group travel in one fused all-reduce with
+the method's algorithm; summable compressors (every round an all-reduce) fuse each round's
+payloads of the whole group the same way, with bypassed tensors dense in the first round;
+the others run tensor by tensor, round by round, through MPI's own collectives
+(``MPICommAdapter``: all-gather of unequal payloads, gTop-k's merge tree, all-reduce), a
+bypassed tensor as its own dense all-reduce. MPI chooses its algorithm per size; the model
+takes the faster of ring and halving-doubling for its all-reduce and of ring and Bruck for
+its all-gather (the choice an MPI tuned for the network would make). Compression runs on
+the engine's thread, so its time occupies the channel.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+
+from dlcomm.tools.simulate import collectives
+from dlcomm.tools.simulate.compressors import ALLGATHER, ALLREDUCE, SPARSE_MERGE, MeasuredCost
+from dlcomm.tools.simulate.devices import Device
+from dlcomm.tools.simulate.methods import Method
+from dlcomm.tools.simulate.network import Cost, Network
+from dlcomm.tools.simulate.workload import Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageCost:
+    """Seconds on the communication channel, bytes through one host's network link, bytes
+    handed to collectives (what ``dlcomm.bytes_sent()`` counts), and the part of ``seconds``
+    spent computing (compression), which also keeps the device from training when
+    compression shares it."""
+
+    seconds: float
+    link_bytes: float
+    payload_bytes: float
+    compute_s: float = 0.0
+
+    def __add__(self, other: MessageCost) -> MessageCost:
+        return MessageCost(self.seconds + other.seconds, self.link_bytes + other.link_bytes,
+                           self.payload_bytes + other.payload_bytes,
+                           self.compute_s + other.compute_s)
+
+
+NOTHING = MessageCost(0.0, 0.0, 0.0, 0.0)
+MPI_ALLREDUCE = "mpi_allreduce"
+
+
+class MessageModel:
+    """Costs of messages under ``method`` on ``network``, with compression on ``device``
+    (sharing it with training when ``compression_on_device``)."""
+
+    def __init__(self, method: Method, network: Network, device: Device,
+                 measured_costs: Mapping[str, MeasuredCost] | None = None,
+                 compression_on_device: bool = True) -> None:
+        self.method = method
+        self.compression_on_device = bool(compression_on_device)
+        self.network = network
+        self.device = device
+        self.measured_costs = dict(measured_costs or {})
+        self.compressor = method.compressor
+        self._collective = lru_cache(maxsize=None)(self._collective_uncached)
+
+    def _from_cost(self, cost: Cost, payload: float) -> MessageCost:
+        return MessageCost(cost.seconds(self.network.params), cost.link_bytes, payload)
+
+    def _fastest(self, *costs: Cost) -> Cost:
+        return min(costs, key=lambda c: c.seconds(self.network.params))
+
+    def _collective_uncached(self, kind: str, nbytes: float) -> MessageCost:
+        topo, m = self.network.topology, self.method
+        if kind == ALLREDUCE and m.algorithm != "native":
+            cost = collectives.allreduce(m.algorithm, nbytes, topo, m.leader_algorithm)
+        elif kind in (ALLREDUCE, MPI_ALLREDUCE):
+            cost = self._fastest(collectives.ring_allreduce(nbytes, topo),
+                                 collectives.rhd_allreduce(nbytes, topo))
+        elif kind == ALLGATHER:
+            cost = self._fastest(collectives.ring_allgather(nbytes, topo),
+                                 collectives.bruck_allgather(nbytes, topo))
+            cost = cost + collectives.size_exchange(topo)
+        elif kind == SPARSE_MERGE:
+            cost = collectives.gtopk_merge_tree(nbytes, topo)
+        elif kind == "reducescatter":
+            cost = collectives.ring_reduce_scatter(nbytes, topo)
+        elif kind == "ringallgather":
+            cost = collectives.ring_allgather(nbytes, topo)
+        else:
+            raise ValueError(f"unknown collective kind {kind!r}")
+        return self._from_cost(cost, nbytes)
+
+    def collective(self, kind: str, nbytes: float) -> MessageCost:
+        """One collective: ``allreduce`` (the method's algorithm), ``mpi_allreduce`` (MPI's),
+        ``allgather`` (payloads of ``nbytes`` per rank, through MPI), ``sparse_merge``
+        (gTop-k's tree), ``reducescatter`` or ``ringallgather`` (DeAR's halves)."""
+        return self._collective(kind, float(nbytes))
+
+    def dense_allreduce(self, nbytes: float) -> MessageCost:
+        """A plain fused all-reduce of ``nbytes`` with the method's algorithm."""
+        return self.collective(ALLREDUCE, nbytes)
+
+    def _compute(self, tensor: Tensor) -> float:
+        return self.compressor.compute_seconds(tensor, self.network.workers, self.device,
+                                               self.measured_costs)
+
+    def _applies(self, tensor: Tensor) -> bool:
+        m = self.method
+        return self.compressor.applies_to(tensor, m.min_compress_size, m.compress_1d)
+
+    def group(self, tensors: Sequence[Tensor], step: int = 0) -> MessageCost:
+        """The engine's handling of one fused group of ready gradients at iteration
+        ``step`` (ACP-SGD alternates P and Q with the step)."""
+        if not tensors:
+            return NOTHING
+        c = self.compressor
+        if c.is_dense:
+            return self.dense_allreduce(sum(t.nbytes for t in tensors))
+        if c.summable:
+            compressed = [t for t in tensors if self._applies(t)]
+            dense_bytes = sum(t.nbytes for t in tensors if not self._applies(t))
+            compute = sum(self._compute(t) for t in compressed)
+            total = MessageCost(compute, 0.0, 0.0, compute)
+            for r in range(len(c.rounds)):
+                nbytes = sum(c.round_payloads(t, step)[r][1] for t in compressed)
+                nbytes += dense_bytes if r == 0 else 0.0
+                if nbytes > 0:
+                    total = total + self.dense_allreduce(nbytes)
+            return total
+        total = NOTHING
+        for t in tensors:
+            if not self._applies(t):
+                total = total + self.collective(MPI_ALLREDUCE, t.nbytes)
+                continue
+            compute = self._compute(t)
+            total = total + MessageCost(compute, 0.0, 0.0, compute)
+            for kind, nbytes in c.round_payloads(t, step):
+                total = total + self.collective(MPI_ALLREDUCE if kind == ALLREDUCE else kind,
+                                                nbytes)
+        return total
+
+    def reduce_scatter(self, nbytes: float) -> MessageCost:
+        """DeAR's first half: a ring reduce-scatter of a bucket of ``nbytes``."""
+        return self.collective("reducescatter", nbytes)
+
+    def all_gather(self, nbytes: float) -> MessageCost:
+        """DeAR's second half: the ring all-gather of a bucket of ``nbytes`` in all."""
+        return self.collective("ringallgather", nbytes / self.network.workers)
+
+    def alpha_beta(self, total_bytes: float) -> tuple[float, float]:
+        """``time = a + b * bytes`` of the dense all-reduce (what MG-WFBP measures at start-up
+        and plans with): the intercept, and the slope up to ``total_bytes``."""
+        a = self.dense_allreduce(0.0).seconds
+        span = max(total_bytes, 1.0)
+        return a, max(self.dense_allreduce(span).seconds - a, 0.0) / span

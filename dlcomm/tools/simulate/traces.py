@@ -1,0 +1,153 @@
+"""Heterogeneity over time: how fast each worker computes at each iteration (a straggler
+trace, for LB-BSP) and how fast each host's link is at each moment (a congestion trace, for
+DLCP).
+
+Both can be built from the same ``--heterogeneity`` text the emulated cluster takes
+(``compute=1:0.5,seed=1``, ``congest=*:100mbit:1:3,seed=1``), with the emulator's own seeded
+draws (``dlcomm.launcher``), so a simulated run sees the schedule the emulated one saw; or
+generated for clusters the emulator cannot hold (``markov_stragglers``); or read from JSON.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from dlcomm.tools.simulate.network import parse_rate
+
+
+@dataclasses.dataclass(frozen=True)
+class StragglerTrace:
+    """``speeds[t][i]``: worker i's compute speed at iteration t (1 = nominal, 0.5 = takes
+    twice as long). Iterations past the end repeat the last row."""
+
+    speeds: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        rows = tuple(tuple(float(s) for s in row) for row in self.speeds)
+        if not rows or not rows[0]:
+            raise ValueError("a straggler trace needs at least one iteration and one worker")
+        if any(len(r) != len(rows[0]) for r in rows):
+            raise ValueError("every iteration of a straggler trace must list every worker")
+        if any(not math.isfinite(s) or not 0 < s <= 1e6 for r in rows for s in r):
+            raise ValueError("straggler speeds must be finite and > 0")
+        object.__setattr__(self, "speeds", rows)
+
+    @property
+    def workers(self) -> int:
+        """Workers in the trace."""
+        return len(self.speeds[0])
+
+    def at(self, iteration: int) -> tuple[float, ...]:
+        """Every worker's speed at ``iteration``."""
+        return self.speeds[min(iteration, len(self.speeds) - 1)]
+
+    @classmethod
+    def uniform(cls, workers: int) -> StragglerTrace:
+        """Every worker at full speed."""
+        return cls(((1.0,) * workers,))
+
+    @classmethod
+    def constant(cls, workers: int, slow: dict[int, float]) -> StragglerTrace:
+        """Worker i at ``slow[i]`` throughout, the others at 1."""
+        for i in slow:
+            if not 0 <= i < workers:
+                raise ValueError(f"straggler {i} is outside 0..{workers - 1}")
+        return cls((tuple(slow.get(i, 1.0) for i in range(workers)),))
+
+    @classmethod
+    def from_heterogeneity(cls, text: str, hosts: int, slots_per_host: int, iterations: int
+                           ) -> StragglerTrace:
+        """The ``compute=H:SPEED[:JITTER]`` items of a ``--heterogeneity`` spec: every rank of
+        host H at the speeds the emulator draws for it (one per compute block)."""
+        from dlcomm.launcher.compute_slowdown import compute_speeds
+        from dlcomm.launcher.heterogeneity import parse_heterogeneity
+
+        spec = parse_heterogeneity(text, hosts)
+        if not spec.compute:
+            raise ValueError(f"{text!r} has no compute= item to build a straggler trace from")
+        per_host = np.ones((iterations, hosts))
+        for item in spec.compute:
+            per_host[:, item.host] = compute_speeds(item, spec.seed, iterations)
+        return cls(tuple(tuple(np.repeat(row, slots_per_host)) for row in per_host))
+
+    @classmethod
+    def markov_stragglers(cls, workers: int, iterations: int, *, slow_fraction: float = 0.25,
+                          slow_speed: float = 0.5, mean_dwell: float = 20.0, seed: int = 0
+                          ) -> StragglerTrace:
+        """A non-dedicated cluster: each worker switches between full speed and
+        ``slow_speed`` (another job arrived on its machine) after geometrically distributed
+        stays of mean ``mean_dwell`` iterations, slow ``slow_fraction`` of the time."""
+        if not 0 <= slow_fraction < 1 or not 0 < slow_speed <= 1 or mean_dwell < 1:
+            raise ValueError("need 0 <= slow_fraction < 1, 0 < slow_speed <= 1, mean_dwell >= 1")
+        rng = np.random.default_rng([seed, 26])
+        leave_slow = 1.0 / mean_dwell
+        enter_slow = leave_slow * slow_fraction / (1 - slow_fraction) if slow_fraction else 0.0
+        slow = rng.random(workers) < slow_fraction
+        rows = []
+        for _ in range(iterations):
+            rows.append(tuple(np.where(slow, slow_speed, 1.0)))
+            flip = rng.random(workers)
+            slow = np.where(slow, flip >= leave_slow, flip < enter_slow)
+        return cls(tuple(rows))
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form: ``{"speeds": [[...], ...]}``."""
+        return {"speeds": [list(r) for r in self.speeds]}
+
+    @classmethod
+    def load(cls, path: str | Path) -> StragglerTrace:
+        """Read ``{"speeds": [[worker speeds of iteration 0], ...]}``."""
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or "speeds" not in data:
+            raise ValueError(f"{path}: expected a JSON object with a 'speeds' list of lists")
+        return cls(tuple(tuple(r) for r in data["speeds"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class CongestionTrace:
+    """Each host's link runs at ``base_rate`` bit/s except during its congested periods
+    (start, duration in seconds), when it runs at that period's rate."""
+
+    hosts: int
+    base_rate: float
+    periods: tuple[tuple[tuple[float, float, float], ...], ...]  # per host: start, dur, rate
+
+    def rate(self, host: int, t: float) -> float:
+        """Host ``host``'s link rate in bit/s at time ``t``."""
+        for start, duration, rate in self.periods[host]:
+            if start <= t < start + duration:
+                return rate
+            if start > t:
+                break
+        return self.base_rate
+
+    def rates(self, t: float) -> list[float]:
+        """Every host's rate at ``t``."""
+        return [self.rate(h, t) for h in range(self.hosts)]
+
+    @classmethod
+    def steady(cls, hosts: int, base_rate: str | float) -> CongestionTrace:
+        """No congestion."""
+        return cls(hosts, parse_rate(base_rate), tuple(() for _ in range(hosts)))
+
+    @classmethod
+    def from_heterogeneity(cls, text: str, hosts: int, base_rate: str | float,
+                           horizon_s: float) -> CongestionTrace:
+        """The ``congest=H|*:RATE[:ON_S[:OFF_S]]`` items of a ``--heterogeneity`` spec, drawn
+        as the emulator draws them (heavy-tailed periods, same seed), up to ``horizon_s``."""
+        from dlcomm.launcher.heterogeneity import congestion_schedule, parse_heterogeneity
+
+        spec = parse_heterogeneity(text, hosts)
+        if not spec.congest:
+            raise ValueError(f"{text!r} has no congest= item to build a congestion trace from")
+        periods: list[list[tuple[float, float, float]]] = [[] for _ in range(hosts)]
+        for item in spec.congest:
+            periods[item.host] += [(s, d, float(item.rate_bits))
+                                   for s, d in congestion_schedule(item, spec.seed, horizon_s)]
+        return cls(hosts, parse_rate(base_rate),
+                   tuple(tuple(sorted(p)) for p in periods))
+
