@@ -75,7 +75,7 @@ class Deployment(Runner):
             out = self.train(self.client_id, self.client_weights(), payload)
             add_into(sums, out.contribution)
             records[position[0]] = out.record
-        sums, records = self.allreduce_sums(sums, records)
+        sums, records = self.allreduce_sums(sums, records, (clients,))
         self.last_round[clients] = self.round_index
         self.has_state[clients] = records[:, HAS_STATE] > 0
         if self.is_server:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -99,11 +100,24 @@ class Runner:
         return {k: np.zeros(shape) for k, shape in self.layout.items()}
 
     def allreduce_sums(self, sums: dict[str, np.ndarray], records: np.ndarray,
-                       ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """The round's one all-reduce: every sum and every client's record, fused."""
+                       plan: tuple[np.ndarray, ...]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The round's one all-reduce: every sum, every client's record, and each rank's
+        fingerprint of the round's ``plan`` (sample, schedule), fused. Ranks whose plans
+        differ get the same error on every rank."""
         keys = list(self.layout)
-        out = dlcomm.grouped_allreduce([sums[k] for k in keys] + [records.ravel()],
-                                       name="fl.round", op=dlcomm.Sum)
+        fingerprints = np.zeros(self.size)
+        fingerprints[self.rank] = zlib.crc32(b"".join(np.ascontiguousarray(a).tobytes()
+                                                      for a in plan))
+        out = dlcomm.grouped_allreduce(
+            [sums[k] for k in keys] + [records.ravel(), fingerprints],
+            name="fl.round", op=dlcomm.Sum)
+        fingerprints = out.pop()
+        differ = np.flatnonzero(fingerprints != fingerprints[0])
+        if differ.size:
+            raise RuntimeError(f"round {self.round_index}: ranks {differ.tolist()} sampled or "
+                               "scheduled other clients than rank 0: the ranks disagree on the "
+                               "run (same seed, num_clients, clients_per_round, trace and "
+                               "dlcomm version on every rank?)")
         records = out[-1].reshape(records.shape)
         trained = records[:, TRAINED]
         if not np.all(trained == 1.0):

@@ -69,7 +69,7 @@ class Simulation(Runner):
             out = self.train(int(clients[i]), client_weights, payload)
             add_into(sums, out.contribution)
             records[i] = out.record
-        sums, records = self.allreduce_sums(sums, records)
+        sums, records = self.allreduce_sums(sums, records, (clients, rank_of))
         self.owner[clients] = rank_of
         self.last_round[clients] = self.round_index
         self.has_state[clients] = records[:, HAS_STATE] > 0

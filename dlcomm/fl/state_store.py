@@ -49,10 +49,11 @@ class ClientStateStore:
         self._drop(client)
         self._memory[client] = (version, {n: np.asarray(a) for n, a in state.items()})
         self.bytes_in_memory += nbytes(state)
-        self.peak_bytes_in_memory = max(self.peak_bytes_in_memory, self.bytes_in_memory)
         while self.bytes_in_memory > self.memory_budget and self._memory:
             victim = next(iter(self._memory))
             self._spill(victim)
+        # what the store holds between calls (the state just put is the caller's until then)
+        self.peak_bytes_in_memory = max(self.peak_bytes_in_memory, self.bytes_in_memory)
 
     def get(self, client: int, version: int) -> NamedArrays:
         """``client``'s state of round ``version``: from memory, else from its file (waiting
