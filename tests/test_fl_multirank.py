@@ -103,16 +103,22 @@ try:
     message = "no error"
 except RuntimeError as exc:
     message = str(exc)
+try:
+    fl.Deployment(make_update(), initial_weights(), 3, 2)
+    message += "\nno error"
+except ValueError as exc:
+    message += "\n" + str(exc)
 with open(sys.argv[1] + f"/rank{dlcomm.rank()}.txt", "w") as f:
     f.write(message)
 """
 
 
-def test_ranks_that_disagree_on_the_sample_fail_on_every_rank(tmp_path) -> None:
+def test_ranks_that_disagree_or_miscount_fail_on_every_rank(tmp_path) -> None:
     run_mpi(2, MISMATCH, tmp_path, timeout=60, args=[str(tmp_path)])
     for r in range(2):
         text = (tmp_path / f"rank{r}.txt").read_text()
         assert "ranks [1] sampled or scheduled other clients" in text, text
+        assert "4 ranks for 3 clients, this job has 2" in text, text
 
 
 EXAMPLE = r"""

@@ -34,15 +34,16 @@ class Deployment(Runner):
                  trace: ClientTrace | None = None, metric_names: Sequence[str] = (),
                  fl_state_memory_budget: int | str | None = None,
                  fl_state_dir: str | None = None) -> None:
+        if dlcomm.is_initialized() and isinstance(num_clients, int) and \
+                dlcomm.size() != num_clients + 1:  # the same verdict on every rank
+            raise ValueError(f"a deployment needs one rank per client plus the server: "
+                             f"{num_clients + 1} ranks for {num_clients} clients, this job "
+                             f"has {dlcomm.size()} (dlcommrun -np {num_clients + 1})")
         super().__init__(client_update, initial_weights, num_clients, clients_per_round,
                          strategy, client_sizes=client_sizes, seed=seed, trace=trace,
                          metric_names=metric_names,
                          fl_state_memory_budget=fl_state_memory_budget,
                          fl_state_dir=fl_state_dir)
-        if self.size != self.num_clients + 1:
-            raise ValueError(f"a deployment needs one rank per client plus the server: "
-                             f"{self.num_clients + 1} ranks for {self.num_clients} clients, "
-                             f"this job has {self.size} (dlcommrun -np {self.num_clients + 1})")
         self.client_id = self.rank - 1  # -1 on the server
 
     @property
