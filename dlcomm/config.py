@@ -167,8 +167,9 @@ KNOBS: tuple[Knob, ...] = (
          "each rank of a federated simulation keeps in memory; the least recently used "
          "spill to files beyond it (see docs/fl.md).", where="dlcomm.fl.Simulation"),
     Knob("fl_state_dir", "", str,
-         "Directory of spilled client state, readable by every rank (a shared file system "
-         "across hosts). Empty: a temporary directory rank 0 creates and removes.",
+         "Directory in which a federated run keeps its spilled client state (in a "
+         "sub-directory of its own that close() removes), readable by every rank: a shared "
+         "file system across hosts. Empty: the system's temporary directory.",
          where="dlcomm.fl.Simulation"),
     Knob("fl_scheduler", "lpt", str,
          "How a federated simulation assigns a round's clients to ranks: lpt (predicted "

@@ -46,6 +46,7 @@ for spec in STRATEGIES:
         "spills": sum(memory["state_spills"]),
         "state_peak_bytes": memory["state_peak_bytes"],
         "ranks": dlcomm.size(),
+        "state_dir_parent": str(run.store.directory.parent),
     }
 if dlcomm.rank() == 0:
     with open(out, "w") as f:
@@ -70,9 +71,14 @@ def check(results: dict, np_: int) -> None:
 @pytest.mark.parametrize("np_, per_round", [(1, 5), (2, 5), (3, 7), (4, 3)])
 def test_simulation_equals_the_single_process_reference(tmp_path, np_, per_round) -> None:
     out = tmp_path / "results.json"
-    run_mpi(np_, SIMULATE, tmp_path, timeout=120,
+    state = tmp_path / "state"  # DLCOMM_FL_STATE_DIR: each run makes and removes its own dir
+    state.mkdir()
+    run_mpi(np_, SIMULATE, tmp_path, timeout=120, env={"DLCOMM_FL_STATE_DIR": str(state)},
             args=[str(out), str(per_round), "simulate", "11"])
-    check(json.loads(out.read_text()), np_)
+    results = json.loads(out.read_text())
+    check(results, np_)
+    assert {r["state_dir_parent"] for r in results.values()} == {str(state)}
+    assert list(state.iterdir()) == []
 
 
 def test_deployment_equals_simulation_and_reference(tmp_path) -> None:

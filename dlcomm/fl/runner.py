@@ -58,12 +58,19 @@ class Runner:
         self.last_round = np.full(self.num_clients, -1, dtype=np.int64)
         self.has_state = np.zeros(self.num_clients, dtype=bool)
         budget = knob_value("fl_state_memory_budget", fl_state_memory_budget)
-        directory = knob_value("fl_state_dir", fl_state_dir)
-        self._own_dir = not directory
-        if self._own_dir:
-            made = tempfile.mkdtemp(prefix="dlcomm-fl-state-") if self.rank == 0 else None
-            directory = dlcomm.broadcast_object(made, root_rank=0, name="fl.state_dir")
-        self.store = ClientStateStore(directory, int(budget))
+        parent = knob_value("fl_state_dir", fl_state_dir) or None
+        # a directory of this run's own, so files a crashed earlier run left are never read
+        made = None
+        if self.rank == 0:
+            try:
+                made = tempfile.mkdtemp(prefix="dlcomm-fl-state-", dir=parent)
+            except OSError as exc:
+                made = OSError(f"cannot create the client-state directory in "
+                               f"{parent or tempfile.gettempdir()}: {exc} (DLCOMM_FL_STATE_DIR)")
+        made = dlcomm.broadcast_object(made, root_rank=0, name="fl.state_dir")
+        if isinstance(made, OSError):
+            raise made
+        self.store = ClientStateStore(made, int(budget))
         self._columns = FIXED_COLUMNS + len(self.metric_names)
 
     # --- the model ------------------------------------------------------------------------
@@ -179,7 +186,7 @@ class Runner:
     def close(self) -> None:
         """Remove the state directory this run created (collective)."""
         dlcomm.barrier()
-        if self._own_dir and self.rank == 0:
+        if self.rank == 0:
             shutil.rmtree(self.store.directory, ignore_errors=True)
 
     def __enter__(self) -> Runner:
