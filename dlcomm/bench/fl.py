@@ -50,6 +50,8 @@ def _int_list(text: str) -> list[int]:
 
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench fl``."""
+    # imported when the parser is built: `dlcomm` imports every bench module on each call,
+    # and dlcomm.cli.bench imports this module
     from dlcomm.bench.fl_sides import add_task_arguments
     from dlcomm.cli.bench import count_arg
 
@@ -79,7 +81,7 @@ def register(actions: argparse._SubParsersAction) -> None:
 def run_side(cmd: list[str], log: Path, timeout: float,
              env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one side to completion in its own session, sampling its process tree's memory."""
-    from dlcomm.bench.machine import load_average
+    from dlcomm.bench.machine import load_average  # handlers import what they use (above)
     from dlcomm.bench.process_memory import TreeMemorySampler
 
     load = load_average()
@@ -117,7 +119,7 @@ def _dlcommrun() -> list[str]:
 def run_count(args: argparse.Namespace, clients: int, work: Path,
               flower_env: dict[str, str]) -> dict[str, Any]:
     """Every side at one client count; returns their results and the comparison."""
-    from dlcomm.bench.fl_sides import task_arguments
+    from dlcomm.bench.fl_sides import task_arguments  # as above
 
     args.clients = clients
     per_round = min(args.clients_per_round, clients)
@@ -217,7 +219,7 @@ def table(summaries: list[dict[str, Any]]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from dlcomm.bench.machine import describe_machine, format_machine
+    from dlcomm.bench.machine import describe_machine, format_machine  # as above
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="dlcomm-bench-fl-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.bench.fl_task import TaskOptions
+from dlcomm.bench.fl_sides import round_summary, task_options
+from dlcomm.bench.fl_task import TaskOptions, accuracy, make_model, train_client
+from dlcomm.fl import client_seed, sample_clients
 
 _MODEL: dict[str, Any] = {}  # one model per Ray actor process, as one per dlcomm rank
 
 
 def _actor_model(opts: TaskOptions, threads: int):  # noqa: ANN202
-    import torch
-
-    from dlcomm.bench.fl_task import make_model
+    import torch  # optional (the torch extra)
 
     if "model" not in _MODEL:
         torch.set_num_threads(threads)
@@ -34,15 +34,14 @@ def _actor_model(opts: TaskOptions, threads: int):  # noqa: ANN202
 
 
 def run_flower_side(args: argparse.Namespace) -> None:
+    # optional: flwr[simulation] (the fl-bench extra) and torch
+    import torch
     from flwr.client import ClientApp, NumPyClient
-    from flwr.common import FitIns
+    from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server import ServerApp, ServerAppComponents, ServerConfig
     from flwr.server.strategy import FedAvg
     from flwr.simulation import run_simulation
 
-    from dlcomm.bench.fl_sides import round_summary, task_options
-    from dlcomm.bench.fl_task import accuracy, make_model
-    from dlcomm.fl import client_seed, sample_clients
     from dlcomm.torch import fl as torch_fl
 
     opts = task_options(args)
@@ -51,14 +50,10 @@ def run_flower_side(args: argparse.Namespace) -> None:
 
     class BenchClient(NumPyClient):
         def fit(self, parameters, config):  # noqa: ANN001, ANN202
-            from dlcomm.bench.fl_task import train_client
-
             model = _actor_model(opts, threads)
             torch_fl.load_weights(model, dict(zip(names, parameters)))
             client, rnd = int(config["client"]), int(config["round"])
             seed = client_seed(opts.seed, rnd, client)
-            import torch
-
             torch.manual_seed(seed % (1 << 63))
             n = train_client(model, client, seed, opts)
             weights = torch_fl.module_weights(model)
@@ -86,13 +81,9 @@ def run_flower_side(args: argparse.Namespace) -> None:
                 raise RuntimeError(f"Flower round {server_round}: {len(failures)} clients "
                                    f"failed: {failures[0]!r}")
             out = super().aggregate_fit(server_round, results, failures)
-            from flwr.common import parameters_to_ndarrays
-
             self.final = parameters_to_ndarrays(out[0])
             self.ends[server_round] = time.perf_counter()
             return out
-
-    from flwr.common import ndarrays_to_parameters
 
     initial = torch_fl.module_weights(make_model(opts))
     strategy = SampledFedAvg(

@@ -25,7 +25,7 @@ METHODS = ("lpt", "static", "oracle")
 
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench fl-schedule``."""
-    from dlcomm.cli.bench import count_arg
+    from dlcomm.cli.bench import count_arg  # dlcomm.cli.bench imports this module
 
     p = actions.add_parser(
         "fl-schedule", help="federated scheduler's makespan against the balanced ideal "
@@ -54,7 +54,7 @@ def register(actions: argparse._SubParsersAction) -> None:
 
 def simulate(sizes: np.ndarray, args: argparse.Namespace) -> dict[str, list[float]]:
     """Per method, each round's makespan / ideal under the true costs."""
-    from dlcomm.fl import (
+    from dlcomm.fl import (  # `dlcomm` imports every bench module on each call: lazily
         ClientTrace,
         CostModel,
         ideal_makespan,
@@ -89,7 +89,7 @@ def simulate(sizes: np.ndarray, args: argparse.Namespace) -> dict[str, list[floa
 
 
 def main(args: argparse.Namespace) -> int:
-    from dlcomm.bench.fl_task import TaskOptions, client_sizes
+    from dlcomm.bench.fl_task import TaskOptions, client_sizes  # as above
 
     sizes = np.array(client_sizes(TaskOptions(dataset=args.dataset, clients=args.clients,
                                               alpha=args.alpha, seed=args.seed)), float)

@@ -20,7 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.bench.fl_task import DATASETS, TaskOptions
+from dlcomm.bench.fl_task import (
+    DATASETS,
+    TaskOptions,
+    accuracy,
+    client_sizes,
+    make_model,
+    train_client,
+)
+from dlcomm.bench.process_memory import peak_rss_of_self
 
 SIDES = ("reference", "dlcomm", "flower", "one-client")
 
@@ -66,8 +74,6 @@ def round_summary(round_seconds: Sequence[float]) -> dict[str, Any]:
 
 
 def train_fn(opts: TaskOptions):  # noqa: ANN201 - the dlcomm.torch.fl train function
-    from dlcomm.bench.fl_task import train_client
-
     def train(model, client, ctx):  # noqa: ANN001, ANN202
         return train_client(model, client, ctx.seed, opts)
 
@@ -81,9 +87,8 @@ def _write(path: str, result: dict[str, Any], weights: dict[str, np.ndarray]) ->
 
 
 def run_reference_side(args: argparse.Namespace) -> None:
-    import torch
+    import torch  # optional (the torch extra), like every torch import here
 
-    from dlcomm.bench.fl_task import accuracy, make_model
     from dlcomm.torch import fl as torch_fl
 
     opts = task_options(args)
@@ -99,8 +104,7 @@ def run_reference_side(args: argparse.Namespace) -> None:
 
 
 def run_dlcomm_side(args: argparse.Namespace) -> None:
-    import dlcomm.torch as hvd
-    from dlcomm.bench.fl_task import accuracy, client_sizes, make_model
+    import dlcomm.torch as hvd  # optional (the torch extra)
     from dlcomm.torch import fl as torch_fl
 
     opts = task_options(args)
@@ -124,10 +128,7 @@ def run_dlcomm_side(args: argparse.Namespace) -> None:
 def run_one_client_side(args: argparse.Namespace) -> None:
     """One client in a process of its own, as a one-process-per-client simulator runs it:
     the model, the data and one local update of the largest client."""
-    import torch
-
-    from dlcomm.bench.fl_task import client_sizes, make_model, train_client
-    from dlcomm.bench.process_memory import peak_rss_of_self
+    import torch  # optional (the torch extra)
 
     opts = task_options(args)
     torch.set_num_threads(args.threads)
@@ -156,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.side == "one-client":
         run_one_client_side(args)
     else:
-        from dlcomm.bench.fl_flower import run_flower_side
+        from dlcomm.bench.fl_flower import run_flower_side  # needs flwr, optional
 
         run_flower_side(args)
     return 0
