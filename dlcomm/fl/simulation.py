@@ -53,7 +53,7 @@ class Simulation(Runner):
         start = time.perf_counter()
         clients = self.sample(self.round_index)
         work = self.cost_model.predict(clients)
-        speeds = self.cost_model.rank_speed
+        speeds = self.cost_model.rank_speed.copy()  # observe() below updates it in place
         plan = schedule_clients(work, speeds, self.scheduler)
         rank_of = np.empty(clients.size, dtype=np.int64)
         for r, positions in enumerate(plan):
