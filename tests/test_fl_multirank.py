@@ -109,6 +109,8 @@ try:
     message = "no error"
 except RuntimeError as exc:
     message = str(exc)
+finally:
+    sim.close()
 try:
     fl.Deployment(make_update(), initial_weights(), 3, 2)
     message += "\nno error"
