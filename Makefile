@@ -6,7 +6,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NP ?= 4
 PYTEST_ARGS ?=
 
-.PHONY: install install-mpi install-test demo test bench bench-peers lint knobs-doc clean
+.PHONY: install install-mpi install-test demo test bench bench-peers bench-fl lint knobs-doc clean
 
 # Open MPI from Debian's packages, only when mpirun is missing.
 install-mpi:
@@ -60,6 +60,24 @@ bench-peers: install
 	  done; done; done
 	dlcommrun -np $(NP) $(PYTHON) -m dlcomm.bench.horovod_peer fusion
 	@uptime
+
+# Federated learning (docs/fl.md): dlcomm's simulation against Flower's (flwr[simulation],
+# the fl-bench extra, in its own environment FLWR_VENV that sees this one's packages: flwr
+# 1.41 pins protobuf<7), at 100 and 1000 clients, alternating; then the scheduler's arithmetic.
+FLWR_VENV ?= .venv-flwr
+FL_REPEATS ?= 3
+FL_ROUNDS ?= 5
+
+bench-fl: install
+	@[ -x $(FLWR_VENV)/bin/python ] || { $(PYTHON) -m venv --system-site-packages $(FLWR_VENV) && \
+	  echo '*' > $(FLWR_VENV)/.gitignore; }
+	$(FLWR_VENV)/bin/python -m pip install -q 'flwr[simulation]==1.41.0'
+	@uptime
+	$(PYTHON) -m dlcomm.cli.main bench fl --np $(NP) --rounds $(FL_ROUNDS) --repeats $(FL_REPEATS) \
+	  --flower-python $(FLWR_VENV)/bin/python --json fl_bench.json
+	@uptime
+	$(PYTHON) -m dlcomm.cli.main bench fl-schedule --clients 1000 --clients-per-round 100 \
+	  --ranks $(NP) --rounds 50
 
 # TensorFlow (docs/tensorflow.md): tensorflow-cpu 2.21.0 with Keras 3 into the active Python
 # (the `tensorflow` extra). tests/test_tensorflow_multirank.py fails under CI=true without it.

@@ -63,6 +63,11 @@ setup(
         "bench": ["matplotlib"],
         # dlcomm simulate: non-negative least squares for calibration (scipy) and figures.
         "simulate": ["matplotlib", "scipy"],
+        # `dlcomm bench fl`'s peer. flwr 1.41.0 is the newest that installs on Python 3.11
+        # here: 1.42.0 needs certifi>=2026.10.19, which the package index does not have yet.
+        # It pins protobuf<7 (this environment's TensorFlow runs 7.x), so `make bench-fl`
+        # installs it in its own environment (.venv-flwr) that sees this one's packages.
+        "fl-bench": ["flwr[simulation]==1.41.0", "torch==2.13.0", "mlxtend", "scikit-learn"],
     },
     ext_modules=native_extensions(),
     cmdclass={"build_ext": OptionalBuildExt},

@@ -162,6 +162,20 @@ KNOBS: tuple[Knob, ...] = (
     Knob("autotune_max_samples", 20, _positive_int,
          "Candidate settings tried before the best is kept for the rest of the run.",
          where="DistributedOptimizer"),
+    Knob("fl_state_memory_budget", 1 << 30, parse_bytes,
+         "Bytes of client state (SCAFFOLD control variates, a client's own saved arrays) "
+         "each rank of a federated simulation keeps in memory; the least recently used "
+         "spill to files beyond it (see docs/fl.md).", where="dlcomm.fl.Simulation"),
+    Knob("fl_state_dir", "", str,
+         "Directory in which a federated run keeps its spilled client state (in a "
+         "sub-directory of its own that close() removes), readable by every rank: a shared "
+         "file system across hosts. Empty: the system's temporary directory.",
+         where="dlcomm.fl.Simulation"),
+    Knob("fl_scheduler", "lpt", str,
+         "How a federated simulation assigns a round's clients to ranks: lpt (predicted "
+         "cost, longest first to the rank that finishes it earliest, then moves and swaps "
+         "off the busiest rank) or static (equal-count pieces of the sampled order).",
+         where="dlcomm.fl.Simulation"),
 )
 
 # Knobs read where they are used (compression, collectives), not by init().

@@ -24,6 +24,8 @@ EXTERNAL_ACTIONS: dict[str, str] = {
     "corun": "dlcomm.bench.corun",
     "exchange": "dlcomm.bench.exchange",
     "roundtrip": "dlcomm.bench.roundtrip",
+    "fl": "dlcomm.bench.fl",
+    "fl-schedule": "dlcomm.bench.fl_schedule",
 }
 
 
