@@ -50,7 +50,7 @@ PEER_REPEATS ?= 3
 PEER_MODELS ?= mlp cnn
 
 bench-peers: install
-	$(PYTHON) -m dlcomm.bench.horovod_peer install-horovod --version $(HOROVOD_VERSION)
+	$(PYTHON) -m dlcomm.tools.bench.horovod_peer install-horovod --version $(HOROVOD_VERSION)
 	@uptime
 	@for model in $(PEER_MODELS); do for order in horovod,dlcomm dlcomm,horovod; do \
 	  for i in $$(seq $(PEER_REPEATS)); do \
@@ -58,7 +58,7 @@ bench-peers: install
 	    dlcommrun -np $(NP) $(PYTHON) examples/torch_synthetic_benchmark.py \
 	      --framework $$order --model $$model || exit 1; \
 	  done; done; done
-	dlcommrun -np $(NP) $(PYTHON) -m dlcomm.bench.horovod_peer fusion
+	dlcommrun -np $(NP) $(PYTHON) -m dlcomm.tools.bench.horovod_peer fusion
 	@uptime
 
 # TensorFlow (docs/tensorflow.md): tensorflow-cpu 2.21.0 with Keras 3 into the active Python

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from mpi_run import run_mpi
 
-from dlcomm.bench import peers, report, table, units
-from dlcomm.bench.fusion import FusionOptions, format_fusion, markdown_fusion
-from dlcomm.bench.machine import cpu_model, format_machine, memory_gib, steal_seconds
 from dlcomm.cli import main as cli
+from dlcomm.tools.bench import peers, report, table, units
+from dlcomm.tools.bench.fusion import FusionOptions, format_fusion, markdown_fusion
+from dlcomm.tools.bench.machine import cpu_model, format_machine, memory_gib, steal_seconds
 
 
 # --- sizes -------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ class _FakeComm:
 
 
 def test_time_in_blocks_alternates_peers_and_enters_each_block() -> None:
-    from dlcomm.bench.timing import time_in_blocks
+    from dlcomm.tools.bench.timing import time_in_blocks
 
     calls: list[str] = []
     ops = [lambda: calls.append("a"), lambda: calls.append("b")]
@@ -250,7 +250,7 @@ def test_roundtrip_bench_times_idle_and_computing_ranks(tmp_path: Path) -> None:
 
 ROUNDTRIP_FAILURE_SCRIPT = """
 from mpi4py import MPI
-from dlcomm.bench.roundtrip import measure
+from dlcomm.tools.bench.roundtrip import measure
 
 comm = MPI.COMM_WORLD
 def block():
@@ -328,7 +328,7 @@ def test_exchange_bench_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]
 
 def test_corun_cnn_kernel_runs_the_demo_shaped_network() -> None:
     pytest.importorskip("torch")
-    from dlcomm.bench.corun import measure
+    from dlcomm.tools.bench.corun import measure
 
     rows = measure("cnn", copies=2, batch=4, size=1, iters=1, rounds=1)
     assert rows[0]["slowdown"] > 0 and rows[0]["alone"]["cpu_s"] > 0
@@ -388,7 +388,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
-    from dlcomm.bench.plot import plot_busbw
+    from dlcomm.tools.bench.plot import plot_busbw
 
     out = plot_busbw([_result(), {**_result(), "emulate": ""}], tmp_path / "p.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -467,7 +467,7 @@ def test_report_rejects_unknown_sections_and_lists_them(
 
 
 def test_train_lists_and_table() -> None:
-    from dlcomm.bench import train
+    from dlcomm.tools.bench import train
 
     assert train.parse_list("none,fp16") == ["none", "fp16"]
     assert train.parse_list("topk:ratio=0.01,approx=1;none") == ["topk:ratio=0.01,approx=1",
@@ -490,7 +490,7 @@ def test_train_lists_and_table() -> None:
 
 def test_train_rounds_alternate_configurations_and_report_the_median(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from dlcomm.bench import train
+    from dlcomm.tools.bench import train
 
     calls = []
     speeds = iter([400.0, 100.0, 200.0, 300.0, 120.0, 250.0])
@@ -512,7 +512,7 @@ def test_train_rounds_alternate_configurations_and_report_the_median(
 _REAL_RUN = """
 import json, sys
 from dlcomm.cli.main import main
-import dlcomm.bench.peers as peers
+import dlcomm.tools.bench.peers as peers
 
 out = sys.argv[1]
 codes = {}
@@ -560,7 +560,7 @@ def test_tiny_real_run_checks_results_and_writes_json(tmp_path: Path) -> None:
 
 
 def test_time_to_target_accuracy_counts_training_time_until_first_reached() -> None:
-    from dlcomm.bench.convergence import time_to_target, timed_table
+    from dlcomm.tools.bench.convergence import time_to_target, timed_table
 
     dense = {"compression": "none", "epoch_seconds": [10.0, 10.0, 10.0],
              "epoch_accuracy": [0.80, 0.91, 0.95], "step_seconds": 0.5}
@@ -577,7 +577,7 @@ def test_time_to_target_accuracy_counts_training_time_until_first_reached() -> N
 
 
 def test_convergence_rejects_a_target_outside_zero_one() -> None:
-    from dlcomm.bench.convergence import main
+    from dlcomm.tools.bench.convergence import main
 
     with pytest.raises(SystemExit):
         main(["--target", "1.5", "--specs", "none"])

@@ -31,7 +31,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bench_is_registered_and_missing_module_is_a_placeholder(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.SUBCOMMANDS["bench"] == "dlcomm.cli.bench"
+    assert cli.SUBCOMMANDS["bench"] == "dlcomm.tools.bench.command"
     monkeypatch.setitem(cli.SUBCOMMANDS, "later", "dlcomm.cli.not_written_yet")
     assert cli.main(["later", "--any", "args"]) == cli.EXIT_NOT_AVAILABLE
     assert "not yet available" in capsys.readouterr().err

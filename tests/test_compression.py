@@ -333,7 +333,11 @@ def test_compressed_allreduce_on_one_rank_and_its_argument_checks():
 
 
 def test_throughput_script_runs_and_reports_every_spec():
-    from dlcomm.compression.throughput import format_tables, measure_throughput, measure_topk
+    from dlcomm.tools.bench.compression_throughput import (
+        format_tables,
+        measure_throughput,
+        measure_topk,
+    )
 
     rows = measure_throughput(sizes=(2048,), specs=("none", "powersgd:rank=2"), repeats=1)
     assert [r["spec"] for r in rows] == ["memcpy", "none", "powersgd:rank=2"]

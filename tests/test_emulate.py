@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from netns_available import needs_netns
 
-from dlcomm.launcher import emulate_netns
-from dlcomm.launcher.emulate import (
+from dlcomm.launcher.mpirun_command import build_mpirun_command, mpirun_available
+from dlcomm.tools.emulation import netns as emulate_netns
+from dlcomm.tools.emulation.agent import write_agent_scripts
+from dlcomm.tools.emulation.cluster import (
     Cluster,
     EmulationError,
     EmulationSpec,
@@ -23,8 +25,7 @@ from dlcomm.launcher.emulate import (
     parse_spec,
     teardown_all,
 )
-from dlcomm.launcher.emulate_agent import write_agent_scripts
-from dlcomm.launcher.emulate_plan import (
+from dlcomm.tools.emulation.plan import (
     BRIDGE_NAMESPACE,
     HOST_INTERFACE,
     SUBNET,
@@ -36,7 +37,6 @@ from dlcomm.launcher.emulate_plan import (
     tbf_sizes,
     teardown_commands,
 )
-from dlcomm.launcher.mpirun_command import build_mpirun_command, mpirun_available
 
 # --------------------------------------------------------------------------- spec parsing
 
@@ -368,7 +368,7 @@ def test_sigterm_tears_down(tmp_path):
     script.write_text(textwrap.dedent(
         """
         import subprocess
-        from dlcomm.launcher.emulate import emulated_cluster, parse_spec
+        from dlcomm.tools.emulation.cluster import emulated_cluster, parse_spec
         with emulated_cluster(parse_spec("2x100mbit"), wait_s=60) as cluster:
             print("up", flush=True)
             subprocess.run([*cluster.exec_prefix(1), "sleep", "30"], timeout=40)
@@ -399,7 +399,7 @@ def test_a_second_emulation_is_refused_while_one_runs():
 
 
 def test_tcp_probe_only_uses_emulated_addresses():
-    from dlcomm.launcher import emulate_tcp_probe
+    from dlcomm.tools.emulation import tcp_probe as emulate_tcp_probe
 
     with pytest.raises(ValueError, match="outside 198.18.0.0/15"):
         emulate_tcp_probe.send("127.0.0.1", 45123, 10, 1.0)
@@ -409,7 +409,7 @@ def test_tcp_probe_only_uses_emulated_addresses():
 
 
 def test_check_size_list_and_report_format():
-    from dlcomm.launcher.emulate_check import _size_list, format_report
+    from dlcomm.tools.emulation.check import _size_list, format_report
 
     assert _size_list("1m, 4k,4096,1g") == (1 << 20, 4 << 10, 4096, 1 << 30)
     for bad in ("", "1x", "m", "2"):
@@ -433,7 +433,7 @@ def test_check_size_list_and_report_format():
 def test_emulate_check_runs_end_to_end(tmp_path, capsys):
     if not mpirun_available():
         pytest.skip("mpirun not found")
-    from dlcomm.launcher import emulate_check
+    from dlcomm.tools.emulation import check as emulate_check
 
     out = tmp_path / "check.json"
     code = emulate_check.main(["2x100mbit", "--sizes", "4k,64k", "--iters", "1",

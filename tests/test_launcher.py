@@ -297,10 +297,10 @@ def test_check_build_survives_broken_frameworks(monkeypatch: pytest.MonkeyPatch)
 # --- --emulate (fake emulate module) -----------------------------------------------------
 
 class FakeEmulate(types.ModuleType):
-    """Stands in for dlcomm.launcher.emulate: records calls, builds no namespaces."""
+    """Stands in for dlcomm.tools.emulation.cluster: records calls, builds no namespaces."""
 
     def __init__(self, prefix: list[str], hosts_arg: str = "dlc-h0:2,dlc-h1:2") -> None:
-        super().__init__("dlcomm.launcher.emulate")
+        super().__init__("dlcomm.tools.emulation.cluster")
         self.calls: list[tuple] = []
         self.prefix = prefix
         self.hosts = hosts_arg
@@ -332,7 +332,7 @@ class FakeEmulate(types.ModuleType):
 @pytest.fixture
 def fake_emulate(monkeypatch: pytest.MonkeyPatch) -> FakeEmulate:
     fake = FakeEmulate(prefix=["ip", "netns", "exec", "dlc-h0"])
-    monkeypatch.setitem(sys.modules, "dlcomm.launcher.emulate", fake)
+    monkeypatch.setitem(sys.modules, "dlcomm.tools.emulation.cluster", fake)
     monkeypatch.delenv("DLCOMM_EMULATE", raising=False)
     return fake
 
@@ -377,7 +377,7 @@ def test_emulate_errors(fake_emulate: FakeEmulate, capsys: pytest.CaptureFixture
 def test_emulate_runs_the_job_with_prefix_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # A prefix that only sets a variable, and hosts that are this machine: a real run.
     fake = FakeEmulate(prefix=["env", "DLCOMM_PREFIX_RAN=yes"], hosts_arg="localhost:2")
-    monkeypatch.setitem(sys.modules, "dlcomm.launcher.emulate", fake)
+    monkeypatch.setitem(sys.modules, "dlcomm.tools.emulation.cluster", fake)
     monkeypatch.setenv("PYTHONPATH", launcher_env()["PYTHONPATH"])
     seen: list[list[str]] = []
     real_run = dlcommrun.run_forwarding_signals

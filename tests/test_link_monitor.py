@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from dlcomm.launcher import link_monitor as lm
-from dlcomm.launcher.link_monitor import LinkMonitor, LinkSample, parse_tbf_stats
+from dlcomm.tools.emulation import link_monitor as lm
+from dlcomm.tools.emulation.link_monitor import LinkMonitor, LinkSample, parse_tbf_stats
 
 TC_TEXT = ("qdisc tbf 8e3f: root refcnt 3 rate 50Mbit burst 128Kb lat 650ms \n"
            " Sent 1669655 bytes 1222 pkt (dropped 0, overlimits 87 requeues 0) \n"

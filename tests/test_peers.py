@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from mpi_run import run_mpi
 
-from dlcomm.bench import horovod_peer
-from dlcomm.bench.horovod_peer import (
+from dlcomm.tools.bench import horovod_peer
+from dlcomm.tools.bench.horovod_peer import (
     RecipeError,
     fusion_inputs,
     fusion_reference,
@@ -124,7 +124,7 @@ def test_format_fusion_ratio():
 
 def test_fusion_runs_and_checks_on_two_ranks_dlcomm_only(tmp_path):
     proc = run_mpi(2, """
-        from dlcomm.bench.horovod_peer import main
+        from dlcomm.tools.bench.horovod_peer import main
         raise SystemExit(main(["fusion", "--frameworks", "dlcomm", "--tensors", "8",
                                "--tensor-bytes", "400", "--warmup", "1", "--iters", "2"]))
     """, tmp_path, timeout=120)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlcomm.bench.step_phases import StepPhases, format_phase_medians
+from dlcomm.tools.bench.step_phases import StepPhases, format_phase_medians
 
 
 class FakeClock:

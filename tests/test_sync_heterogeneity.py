@@ -12,9 +12,10 @@ import types
 import numpy as np
 import pytest
 
-from dlcomm.launcher import compute_slowdown as cs
 from dlcomm.launcher import dlcommrun
-from dlcomm.launcher.compute_slowdown import (
+from dlcomm.launcher.dlcommrun import main as dlcommrun_main
+from dlcomm.tools.emulation import compute_slowdown as cs
+from dlcomm.tools.emulation.compute_slowdown import (
     ComputeSlowdown,
     ComputeStraggler,
     compute_speeds,
@@ -22,9 +23,7 @@ from dlcomm.launcher.compute_slowdown import (
     format_compute_env,
     parse_compute_env,
 )
-from dlcomm.launcher.dlcommrun import main as dlcommrun_main
-from dlcomm.launcher.emulate_plan import parse_spec
-from dlcomm.launcher.heterogeneity import (
+from dlcomm.tools.emulation.heterogeneity import (
     CpuSlowdown,
     HeterogeneityController,
     LinkCongestion,
@@ -33,6 +32,7 @@ from dlcomm.launcher.heterogeneity import (
     parse_heterogeneity,
     rank_env,
 )
+from dlcomm.tools.emulation.plan import parse_spec
 
 
 def test_parse_spec() -> None:
@@ -294,7 +294,7 @@ def test_dlcommrun_hands_compute_items_to_the_ranks(monkeypatch: pytest.MonkeyPa
     """--heterogeneity compute=... reaches the ranks' env (and is -x forwarded); the
     controller runs nothing for it. The emulated cluster is faked (no root needed)."""
     spec = parse_spec("2x1gbit")
-    fake = types.ModuleType("dlcomm.launcher.emulate")
+    fake = types.ModuleType("dlcomm.tools.emulation.cluster")
     fake.parse_spec = parse_spec
 
     @contextlib.contextmanager
@@ -304,7 +304,7 @@ def test_dlcommrun_hands_compute_items_to_the_ranks(monkeypatch: pytest.MonkeyPa
                                     mpirun_prefix=["nsrun", "dlc-h0"])
 
     fake.emulated_cluster = cluster
-    monkeypatch.setitem(sys.modules, "dlcomm.launcher.emulate", fake)
+    monkeypatch.setitem(sys.modules, "dlcomm.tools.emulation.cluster", fake)
     monkeypatch.delenv("DLCOMM_EMULATE_COMPUTE", raising=False)
     seen: list[tuple[list[str], dict[str, str]]] = []
     monkeypatch.setattr(dlcommrun, "run_forwarding_signals",

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from mpi_run import run_mpi
 
-from dlcomm.cli.timeline_plot import plot_timeline
-from dlcomm.cli.timeline_summary import Trace, format_summary, load_trace, summarize
 from dlcomm.engine import timeline as tl_mod
 from dlcomm.engine.timeline import PHASES, NullTimeline, Timeline, open_timeline
+from dlcomm.tools.timeline.plot import plot_timeline
+from dlcomm.tools.timeline.summary import Trace, format_summary, load_trace, summarize
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -13,8 +13,8 @@ from netns_available import needs_netns
 
 torch = pytest.importorskip("torch")
 
-from dlcomm.launcher.compute_slowdown import ComputeSlowdown, ComputeStraggler  # noqa: E402
-from dlcomm.torch.compute_slowdown import spread_over  # noqa: E402
+from dlcomm.tools.emulation.compute_slowdown import ComputeSlowdown, ComputeStraggler  # noqa: E402
+from dlcomm.tools.emulation.torch_slowdown import spread_over  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

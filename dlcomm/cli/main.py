@@ -1,4 +1,4 @@
-"""``dlcomm``: the command-line tools (timeline summary and plot, benchmarks).
+"""``dlcomm``: the command-line tools (timeline summary and plot, benchmarks), by name.
 
 Each subcommand lives in its own module with ``register(subparsers)``, which adds its parser
 and sets ``func(args) -> int`` as the default. ``SUBCOMMANDS`` lists them; a listed module
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 # name -> module defining register(subparsers). Keep imports inside handlers: every module
 # here is imported on each `dlcomm` call to build the help.
 SUBCOMMANDS: dict[str, str] = {
-    "timeline": "dlcomm.cli.timeline",
-    "bench": "dlcomm.cli.bench",
+    "timeline": "dlcomm.tools.timeline.command",
+    "bench": "dlcomm.tools.bench.command",
 }
 
 EXIT_NOT_AVAILABLE = 2

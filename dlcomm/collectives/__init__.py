@@ -8,7 +8,7 @@ arrays, and ``DLCOMM_ALLREDUCE_ALGORITHM`` picks one by name (``native`` = MPI's
 See docs/collectives.md.
 
 Names are imported lazily: importing ``mpi4py.MPI`` initialises MPI, which a launcher
-process (``python -m dlcomm.collectives.bench`` before it starts mpirun, or the pytest
+process (``python -m dlcomm.tools.bench.algorithms`` before it starts mpirun, or the pytest
 process) must not do.
 """
 from __future__ import annotations

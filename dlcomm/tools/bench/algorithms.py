@@ -1,6 +1,6 @@
 """Times every all-reduce algorithm against ``native`` (MPI's own) on float32 buffers.
 
-``python -m dlcomm.collectives.bench`` starts itself on ``--np`` ranks (default 4) through
+``python -m dlcomm.tools.bench.algorithms`` starts itself on ``--np`` ranks (default 4) through
 ``build_mpirun_command`` when it is not already running under MPI, then prints a markdown
 table: per size and algorithm the median time over repeats (each repeat timed as the
 slowest rank's time after a barrier; algorithms take turns within a repeat), nccl-tests
@@ -42,7 +42,7 @@ def format_size(nbytes: int) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options of the benchmark."""
     parser = argparse.ArgumentParser(
-        prog="python -m dlcomm.collectives.bench", description=__doc__.splitlines()[0]
+        prog="python -m dlcomm.tools.bench.algorithms", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--np", type=int, default=4, help="ranks to start (default 4)")
     parser.add_argument(
@@ -92,7 +92,7 @@ def launch(argv: Sequence[str], np: int) -> int:
 
     env = dict(os.environ)
     command = build_mpirun_command(
-        np, [sys.executable, "-m", "dlcomm.collectives.bench", *argv], env=env
+        np, [sys.executable, "-m", "dlcomm.tools.bench.algorithms", *argv], env=env
     )
     print("#", " ".join(command), flush=True)
     return subprocess.call(command, env=env)

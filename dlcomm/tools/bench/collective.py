@@ -17,10 +17,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from dlcomm.bench.isolation import EngineSwitch
-from dlcomm.bench.peers import check_op_dtype, make_case, results_match
-from dlcomm.bench.timing import check_counts, summarize_times, time_in_blocks
-from dlcomm.bench.units import algbw, busbw
+from dlcomm.tools.bench.isolation import EngineSwitch
+from dlcomm.tools.bench.peers import check_op_dtype, make_case, results_match
+from dlcomm.tools.bench.timing import check_counts, summarize_times, time_in_blocks
+from dlcomm.tools.bench.units import algbw, busbw
 
 DLCOMM = "dlcomm"
 RAW = "mpi4py"
@@ -112,8 +112,8 @@ def run_collective_benchmark(opts: CollectiveOptions, out: TextIO | None = None
     """
     from mpi4py import MPI
 
-    from dlcomm.bench.machine import describe_machine, load_average
-    from dlcomm.bench.table import format_header, format_row
+    from dlcomm.tools.bench.machine import describe_machine, load_average
+    from dlcomm.tools.bench.table import format_header, format_row
 
     opts.validate()
     switch = EngineSwitch()
@@ -161,11 +161,11 @@ def main_collective(opts: CollectiveOptions, json_path: str | None = None,
 
     if MPI.COMM_WORLD.Get_rank() == 0:
         if json_path:
-            from dlcomm.bench.table import write_json
+            from dlcomm.tools.bench.table import write_json
 
             write_json(result, json_path)
         if plot_path:
-            from dlcomm.bench.plot import plot_busbw
+            from dlcomm.tools.bench.plot import plot_busbw
 
             plot_busbw([result], plot_path)
     return 0 if result["all_ok"] else 1

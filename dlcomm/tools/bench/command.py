@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from dlcomm.bench.units import COLLECTIVES, parse_size, parse_size_list
+from dlcomm.tools.bench.units import COLLECTIVES, parse_size, parse_size_list
 
 NAME = "bench"
 EXIT_NOT_AVAILABLE = 2
@@ -20,10 +20,10 @@ EXIT_NOT_AVAILABLE = 2
 # action name -> module defining register(actions); imported on every `dlcomm` call, so
 # such modules keep their heavy imports inside their handlers.
 EXTERNAL_ACTIONS: dict[str, str] = {
-    "train": "dlcomm.bench.train",
-    "corun": "dlcomm.bench.corun",
-    "exchange": "dlcomm.bench.exchange",
-    "roundtrip": "dlcomm.bench.roundtrip",
+    "train": "dlcomm.tools.bench.train",
+    "corun": "dlcomm.tools.bench.corun",
+    "exchange": "dlcomm.tools.bench.exchange",
+    "roundtrip": "dlcomm.tools.bench.roundtrip",
 }
 
 
@@ -63,7 +63,7 @@ def _add_block(p: argparse.ArgumentParser) -> None:
 
 
 def _add_collective(actions: argparse._SubParsersAction, collective: str) -> None:
-    from dlcomm.bench.peers import DTYPES, OPS
+    from dlcomm.tools.bench.peers import DTYPES, OPS
 
     p = actions.add_parser(
         collective, help=f"{collective} bandwidth per size, dlcomm against raw mpi4py",
@@ -168,8 +168,8 @@ def _argv() -> list[str]:
 
 def run_collective(args: argparse.Namespace) -> int:
     """Handler of the five collective actions."""
-    from dlcomm.bench.collective import CollectiveOptions, main_collective
-    from dlcomm.bench.units import size_range
+    from dlcomm.tools.bench.collective import CollectiveOptions, main_collective
+    from dlcomm.tools.bench.units import size_range
 
     sizes = args.sizes or size_range(args.minbytes, args.maxbytes, args.stepfactor)
     opts = CollectiveOptions(args.collective, sizes, args.warmup, args.iters, args.dtype,
@@ -180,7 +180,7 @@ def run_collective(args: argparse.Namespace) -> int:
 
 def run_fusion(args: argparse.Namespace) -> int:
     """Handler of ``dlcomm bench fusion``."""
-    from dlcomm.bench.fusion import FusionOptions, main_fusion
+    from dlcomm.tools.bench.fusion import FusionOptions, main_fusion
 
     opts = FusionOptions(args.tensors, args.tensor_bytes, args.warmup, args.iters,
                          args.dtype, args.block, _argv())
@@ -190,7 +190,7 @@ def run_fusion(args: argparse.Namespace) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     """Handler of ``dlcomm bench report``."""
-    from dlcomm.bench.report import main_report
+    from dlcomm.tools.bench.report import main_report
 
     return main_report(args.output, np=args.np, only=args.only, quick=args.quick,
                        list_only=args.list)

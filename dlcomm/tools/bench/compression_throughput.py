@@ -1,6 +1,6 @@
 """Compressor throughput: compress + decompress GB/s of input against a memcpy of the buffer.
 
-Run ``python -m dlcomm.compression.throughput`` (``--help`` for sizes and specs). Each
+Run ``python -m dlcomm.tools.bench.compression_throughput`` (``--help`` for sizes and specs). Each
 compressor runs one rank's full step through ``compressed_allreduce`` on a ``SelfComm`` (so
 multi-round compressors do every round's maths, error feedback included where the registry
 adds it). Also times exact and approximate top-k selection against ``torch.topk`` (when torch

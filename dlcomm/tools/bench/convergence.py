@@ -1,7 +1,8 @@
 """Convergence of each compressor on real data: held-out accuracy and bytes per step against
 dense training, same seeds and epochs, one ``dlcommrun`` job per compressor.
 
-    python -m dlcomm.bench.convergence --np 4 --epochs 5 --output docs/compression_convergence.md
+    python -m dlcomm.tools.bench.convergence --np 4 --epochs 5 \
+        --output docs/compression_convergence.md
 
 With ``--emulate 4x1gbit`` the jobs run on the emulated cluster and the table adds time per
 step and the training time until held-out accuracy first reaches ``--target`` (evaluated
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             f"## Convergence on real data\n\nMeasured {time.strftime('%Y-%m-%d')} on "
             f"{os.cpu_count()} cores (load average {load:.1f} at the end), {args.np} ranks, "
             f"{args.dataset} (held-out 20%), {args.epochs} epochs, same seeds for every row:\n\n"
-            f"    python -m dlcomm.bench.convergence {' '.join(argv or sys.argv[1:])}\n\n{text}")
+            f"    python -m dlcomm.tools.bench.convergence {' '.join(argv or sys.argv[1:])}"
+            f"\n\n{text}")
     return 0
 
 

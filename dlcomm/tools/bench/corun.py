@@ -137,7 +137,7 @@ def text_table(rows: list[dict[str, Any]], copies: int) -> str:
 def add_block_arguments(p: argparse.ArgumentParser) -> None:
     """``--kernel``, ``--batch`` and ``--size``: the compute block of ``make_block`` (shared
     by ``corun`` and ``roundtrip``)."""
-    from dlcomm.cli.bench import count_arg
+    from dlcomm.tools.bench.command import count_arg
 
     p.add_argument("--kernel", default="cnn", choices=KERNELS,
                    help="cnn: the demo-shaped CNN's forward+backward (needs torch); matmul: "
@@ -166,7 +166,7 @@ def block_description(args: argparse.Namespace) -> str:
 
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench corun``."""
-    from dlcomm.cli.bench import count_arg
+    from dlcomm.tools.bench.command import count_arg
 
     p = actions.add_parser(
         "corun", help="a compute block alone against several copies at once on this machine "

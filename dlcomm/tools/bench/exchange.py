@@ -67,8 +67,8 @@ def run(comm: Any, sizes: list[int], algorithms: list[str], tolerances: list[flo
     import numpy as np
 
     from dlcomm.collectives.registry import ALLREDUCE_ALGORITHMS
-    from dlcomm.launcher.link_monitor import LinkMonitor, summarize_window
     from dlcomm.sync.dlcp import BoundedLossExchange
+    from dlcomm.tools.emulation.link_monitor import LinkMonitor, summarize_window
 
     flat = np.random.default_rng(comm.rank).standard_normal(sum(sizes)).astype(np.float32)
     out = np.empty_like(flat)
@@ -148,7 +148,7 @@ def text_table(rows: list[dict[str, Any]], host: int | None) -> str:
 
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench exchange``."""
-    from dlcomm.cli.bench import count_arg
+    from dlcomm.tools.bench.command import count_arg
 
     p = actions.add_parser(
         "exchange", help="DLCP's bounded-loss exchange against MPI's all-reduce (run under "

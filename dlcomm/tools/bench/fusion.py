@@ -24,9 +24,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from dlcomm.bench.isolation import EngineSwitch
-from dlcomm.bench.peers import rank_input, reduce_reference, results_match
-from dlcomm.bench.timing import check_counts, summarize_times, time_in_blocks
+from dlcomm.tools.bench.isolation import EngineSwitch
+from dlcomm.tools.bench.peers import rank_input, reduce_reference, results_match
+from dlcomm.tools.bench.timing import check_counts, summarize_times, time_in_blocks
 
 ASYNC = "dlcomm async"
 GROUPED = "dlcomm grouped"
@@ -114,8 +114,8 @@ def run_fusion_benchmark(opts: FusionOptions, out: TextIO | None = None) -> dict
     """Measure the four peers; rank 0 prints a table to ``out``. Returns the result dict."""
     from mpi4py import MPI
 
-    from dlcomm.bench.collective import timing_text
-    from dlcomm.bench.machine import describe_machine, load_average
+    from dlcomm.tools.bench.collective import timing_text
+    from dlcomm.tools.bench.machine import describe_machine, load_average
 
     opts.validate()
     switch = EngineSwitch()
@@ -201,7 +201,7 @@ def main_fusion(opts: FusionOptions, json_path: str | None = None) -> int:
     """Run on this rank; rank 0 writes the JSON. Exit code 1 when a result is wrong."""
     result = run_fusion_benchmark(opts, sys.stdout)
     if json_path and result["machine"] is not None:
-        from dlcomm.bench.table import write_json
+        from dlcomm.tools.bench.table import write_json
 
         write_json(result, json_path)
     return 0 if result["all_ok"] else 1

@@ -1,13 +1,13 @@
 """Horovod as the peer of dlcomm's benchmarks: the recipe that builds it here, and a fusion run.
 
-``python -m dlcomm.bench.horovod_peer install-horovod [--version 0.28.1]`` builds Horovod from
+``python -m dlcomm.tools.bench.horovod_peer install-horovod [--version 0.28.1]`` builds Horovod from
 its PyPI source distribution against the torch already installed (no build isolation, so pip
 never pulls a second torch). Horovod 0.28.1's sdist does not build as shipped against torch
 2.13: ``horovod/torch/CMakeLists.txt`` sets ``CMAKE_CXX_STANDARD 14`` while torch's headers
 need C++17, and CMake's flag wins over ``CXXFLAGS``; the recipe raises that one line to 17.
 Running it again with that version installed and working does nothing.
 
-``dlcommrun -np 4 python -m dlcomm.bench.horovod_peer fusion`` all-reduces the same N small
+``dlcommrun -np 4 python -m dlcomm.tools.bench.horovod_peer fusion`` all-reduces the same N small
 tensors (default 200 x 40 KB) through ``horovod.torch`` and ``dlcomm.torch`` in one job, both
 as N async calls then ``synchronize`` (what tensor fusion serves) and as one call on the
 concatenation (the limit fusion aims at), and prints the times and the ratios.
@@ -77,7 +77,7 @@ def patch_cxx_standard(cmakelists: str | os.PathLike, standard: int = CXX_STANDA
         raise RecipeError(
             f"no 'set(CMAKE_CXX_STANDARD <n>)' line in {path}: this Horovod release's build "
             f"files differ from the ones the recipe knows (0.28.1); set the C++ standard to "
-            f"{standard} by hand or update dlcomm/bench/horovod_peer.py")
+            f"{standard} by hand or update dlcomm/tools/bench/horovod_peer.py")
 
     def raise_line(match: re.Match[str]) -> str:
         if int(match.group(1)) >= standard:
@@ -111,7 +111,7 @@ def check_build(python: str = sys.executable) -> str:
     done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RecipeError("'import horovod.torch' failed; rebuild with "
-                          "'python -m dlcomm.bench.horovod_peer install-horovod --force':\n"
+                          "'python -m dlcomm.tools.bench.horovod_peer install-horovod --force':\n"
                           + done.stderr.strip()[-2000:])
     version, mpi, gloo = done.stdout.split()[-3:]
     if mpi != "True":
@@ -311,7 +311,7 @@ def format_fusion(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: ``install-horovod`` or ``fusion``."""
-    parser = argparse.ArgumentParser(prog="python -m dlcomm.bench.horovod_peer",
+    parser = argparse.ArgumentParser(prog="python -m dlcomm.tools.bench.horovod_peer",
                                      description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     inst = sub.add_parser("install-horovod", help="build Horovod from its sdist (patched)")

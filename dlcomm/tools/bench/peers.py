@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.bench.units import COLLECTIVES
+from dlcomm.tools.bench.units import COLLECTIVES
 
 OPS = ("sum", "average", "min", "max", "product")
 REDUCING = ("allreduce", "reducescatter")

@@ -5,8 +5,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dlcomm.bench.table import PEERS
-from dlcomm.bench.units import format_size
+from dlcomm.tools.bench.table import PEERS
+from dlcomm.tools.bench.units import format_size
 
 
 def _label(result: dict[str, Any], peer: str, several: bool) -> str:

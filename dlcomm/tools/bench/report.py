@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlcomm.bench.machine import describe_machine, format_machine, load_average
-from dlcomm.bench.table import format_ratio, format_us, markdown_table, read_json
-from dlcomm.bench.units import format_size
+from dlcomm.tools.bench.machine import describe_machine, format_machine, load_average
+from dlcomm.tools.bench.table import format_ratio, format_us, markdown_table, read_json
+from dlcomm.tools.bench.units import format_size
 
 EMULATED_SPEC = "4x1gbit"
 MODULE_LAUNCHER = "dlcomm.launcher.dlcommrun"  # the dlcommrun console script
@@ -194,7 +194,7 @@ def section_latency(ctx: ReportContext) -> Section:
 
 def section_fusion(ctx: ReportContext) -> Section:
     """200 async tensors of 40 KB against one concatenated raw call and 200 separate ones."""
-    from dlcomm.bench.fusion import ASYNC, RAW_CONCAT, RAW_SEPARATE, markdown_fusion
+    from dlcomm.tools.bench.fusion import ASYNC, RAW_CONCAT, RAW_SEPARATE, markdown_fusion
 
     title = f"Tensor fusion: many small async all-reduces ({ctx.np} ranks, shared memory)"
     args = (["--tensors", "20", "-w", "1", "-n", "2"] if ctx.quick
@@ -245,7 +245,7 @@ def section_collectives_shm(ctx: ReportContext) -> Section:
 def emulation_unavailable() -> str:
     """Why the emulated cluster cannot run here, or an empty string when it can."""
     try:
-        from dlcomm.launcher.emulate_netns import EmulationError, require_privileges
+        from dlcomm.tools.emulation.netns import EmulationError, require_privileges
     except ImportError as exc:  # pragma: no cover - emulation module missing
         return f"the emulation module is missing ({exc})"
     try:
@@ -289,7 +289,7 @@ def section_allreduce_emulated(ctx: ReportContext) -> Section:
 def section_train(ctx: ReportContext) -> Section:
     """Training throughput of the torch adapter, dense against fp16, with scaling efficiency
     against one rank: on shared memory, and on the emulated cluster when it is available."""
-    from dlcomm.bench.train import markdown_table, measure, plot
+    from dlcomm.tools.bench.train import markdown_table, measure, plot
 
     title = "Training throughput: dense against fp16 compression"
     iters = 2 if ctx.quick else 5
@@ -328,7 +328,7 @@ SECTIONS: dict[str, SectionFunction] = {
 
 def _plot(ctx: ReportContext, results: list[dict[str, Any]], name: str, title: str) -> str:
     """Draw busbw against size into the assets folder; return the Markdown image link."""
-    from dlcomm.bench.plot import plot_busbw
+    from dlcomm.tools.bench.plot import plot_busbw
 
     path = plot_busbw(results, ctx.assets / name, title)
     rel = os.path.relpath(path, ctx.output.parent)

@@ -123,8 +123,8 @@ def text_table(rows: list[dict[str, Any]]) -> str:
 
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench roundtrip``."""
-    from dlcomm.bench.corun import add_block_arguments
-    from dlcomm.cli.bench import count_arg
+    from dlcomm.tools.bench.command import count_arg
+    from dlcomm.tools.bench.corun import add_block_arguments
 
     p = actions.add_parser(
         "roundtrip", help="a small all-reduce with the ranks idle against while they compute "
@@ -146,7 +146,7 @@ def register(actions: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from mpi4py import MPI  # no dlcomm engine: only the measured all-reduces on the links
 
-    from dlcomm.bench.corun import block_description, make_block, require_kernel
+    from dlcomm.tools.bench.corun import block_description, make_block, require_kernel
 
     require_kernel(args.kernel)
     comm = MPI.COMM_WORLD

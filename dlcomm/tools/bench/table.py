@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dlcomm.bench.units import format_size
+from dlcomm.tools.bench.units import format_size
 
 PEERS = ("dlcomm", "mpi4py")
 _PEER_TITLES = {"dlcomm": "dlcomm", "mpi4py": "mpi4py (raw)"}

@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlcomm.launcher.emulate_plan import host_namespace
+from dlcomm.tools.emulation.plan import host_namespace
 
 NSRUN_NAME = "dlc-nsrun"
 RSH_AGENT_NAME = "dlc-rsh"

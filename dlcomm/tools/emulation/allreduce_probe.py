@@ -1,6 +1,6 @@
 """Raw mpi4py Allreduce busbw, one JSON line per size from rank 0 (run by ``emulate_check``).
 
-``python -m dlcomm.launcher.emulate_allreduce_probe SIZE_BYTES... [--iters N] [--warmup N]``
+``python -m dlcomm.tools.emulation.allreduce_probe SIZE_BYTES... [--iters N] [--warmup N]``
 under mpirun. Reports nccl-tests' figures: algbw = bytes / time, busbw = algbw * 2(n-1)/n,
 with the median time over iterations (each timed across a barrier, max over ranks), and
 checks the result against the known sum so a fast but wrong run cannot pass.

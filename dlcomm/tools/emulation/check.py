@@ -1,6 +1,6 @@
 """Check the emulated cluster against its configured rate: TCP point-to-point and MPI busbw.
 
-``python -m dlcomm.launcher.emulate_check 4x1gbit --p2p-rates 1gbit,2gbit,5gbit`` measures
+``python -m dlcomm.tools.emulation.check 4x1gbit --p2p-rates 1gbit,2gbit,5gbit`` measures
 (a) one TCP stream between two emulated hosts, at the spec's rate and at each extra rate
 (a fresh two-host cluster each), and (b) raw mpi4py Allreduce busbw on the spec's cluster,
 launched exactly as ``dlcommrun --emulate`` launches (mpirun on host 0, Cluster arguments).
@@ -17,9 +17,9 @@ import platform
 import subprocess
 import sys
 
-from dlcomm.launcher.emulate import Cluster, EmulationError, emulated_cluster, parse_spec
-from dlcomm.launcher.emulate_plan import EmulationSpec
 from dlcomm.launcher.mpirun_command import build_mpirun_command, local_core_count
+from dlcomm.tools.emulation.cluster import Cluster, EmulationError, emulated_cluster, parse_spec
+from dlcomm.tools.emulation.plan import EmulationSpec
 
 PROBE_PORT = 45123
 DEFAULT_SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
@@ -39,7 +39,7 @@ def measure_p2p(cluster: Cluster, seconds: float = 3.0) -> dict:
     total = int(rate / 8 * seconds)
     send_timeout = seconds * 2
     recv_timeout = seconds * 4 + 10
-    probe = [sys.executable, "-m", "dlcomm.launcher.emulate_tcp_probe"]
+    probe = [sys.executable, "-m", "dlcomm.tools.emulation.tcp_probe"]
     receiver = subprocess.Popen(
         [*cluster.exec_prefix(1), *probe, "recv", cluster.addresses[1], str(PROBE_PORT),
          str(total), str(recv_timeout)],
@@ -72,7 +72,7 @@ def measure_allreduce(
 ) -> list[dict]:
     """Raw mpi4py Allreduce busbw on every slot of ``cluster``, launched as dlcommrun does."""
     np_ = cluster.spec.hosts * cluster.slots_per_host
-    argv = [sys.executable, "-m", "dlcomm.launcher.emulate_allreduce_probe",
+    argv = [sys.executable, "-m", "dlcomm.tools.emulation.allreduce_probe",
             *map(str, sizes), "--iters", str(iters)]
     env = {**os.environ, **cluster.env}
     cmd = build_mpirun_command(np_, argv, hosts=cluster.hosts_arg, env=env,
@@ -150,7 +150,7 @@ def format_report(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; exit status 1 with a message when the emulation fails."""
-    parser = argparse.ArgumentParser(prog="python -m dlcomm.launcher.emulate_check",
+    parser = argparse.ArgumentParser(prog="python -m dlcomm.tools.emulation.check",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("spec", help="HOSTSxRATE, e.g. 4x1gbit")
     parser.add_argument("--p2p-rates", default="", help="extra rates for p2p, e.g. 2gbit,5gbit")

@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from dlcomm.launcher.emulate_agent import write_agent_scripts
-from dlcomm.launcher.emulate_netns import (
+from dlcomm.launcher.mpirun_command import local_core_count
+from dlcomm.tools.emulation.agent import write_agent_scripts
+from dlcomm.tools.emulation.netns import (
     EmulationError,
     emulation_lock,
     make_workdir,
@@ -27,7 +28,7 @@ from dlcomm.launcher.emulate_netns import (
     teardown_everything,
     write_netns_hosts,
 )
-from dlcomm.launcher.emulate_plan import (
+from dlcomm.tools.emulation.plan import (
     EmulationSpec,
     host_address,
     host_core_sets,
@@ -38,7 +39,6 @@ from dlcomm.launcher.emulate_plan import (
     parse_spec,
     setup_commands,
 )
-from dlcomm.launcher.mpirun_command import local_core_count
 
 __all__ = [
     "Cluster",

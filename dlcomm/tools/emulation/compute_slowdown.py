@@ -22,7 +22,7 @@ more than one intra-op thread, the other threads' work is not counted. The sleep
 *before* the forward pass: with wait-free backpropagation the all-reduces start during
 backward, so a delay after backward would hide behind communication instead of delaying it.
 The first block runs at full speed (nothing measured yet). *Spread mode* (``spread_over`` in
-``dlcomm.torch.compute_slowdown``, the demo's default) sleeps inside the block instead, at
+``dlcomm.tools.emulation.torch_slowdown``, the demo's default) sleeps inside the block instead, at
 ticks on every layer and gradient, each for the work since the last tick: the host then
 computes throughout its block at ``speed``, as a slower processor would, instead of idling
 first and computing at full speed after. With ``JITTER`` the speed of
@@ -44,7 +44,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from dlcomm.launcher.emulate_plan import NAME_PREFIX
+from dlcomm.tools.emulation.plan import NAME_PREFIX
 
 ENV_VAR = "DLCOMM_EMULATE_COMPUTE"
 MIN_SPEED = 0.05  # at most 20x slower: a jittered draw never stalls a rank outright
@@ -203,7 +203,7 @@ class ComputeSlowdown:
     def tick(self) -> None:
         """In spread mode, sleep ``(1/speed - 1) x`` the CPU time spent since the last tick.
 
-        Called from hooks inside the block (``dlcomm.torch.compute_slowdown.spread_over``
+        Called from hooks inside the block (``dlcomm.tools.emulation.torch_slowdown.spread_over``
         registers them on a model's layers and gradients), so a slowed host computes for the
         whole of its block, as a slower processor would, and each gradient appears when a
         host at that speed would produce it. Outside a block, when inactive, or in block

@@ -11,7 +11,7 @@ links, reproducible from a seed (``--heterogeneity SPEC``).
   thread too, so it slows host ``H``'s communication as much as its computation.
 * ``compute=H:SPEED[:JITTER]``: only the computation of host ``H``'s ranks is slowed: not run
   here, but handed to the ranks in ``DLCOMM_EMULATE_COMPUTE`` (``rank_env``), where
-  ``dlcomm.launcher.compute_slowdown.ComputeSlowdown`` sleeps before each forward pass that
+  ``dlcomm.tools.emulation.compute_slowdown.ComputeSlowdown`` sleeps before each forward pass that
   the script wraps in it. SPEED in [0.05, 1]; ``*`` = every host, each with its own draws.
 * ``congest=H:RATE[:ON_S[:OFF_S]]``: host ``H``'s link (both directions; ``*`` = every host,
   each with its own schedule) drops to ``RATE`` (tc units: ``100mbit``) for periods whose
@@ -37,13 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.launcher.compute_slowdown import ENV_VAR as COMPUTE_ENV_VAR
-from dlcomm.launcher.compute_slowdown import (
+from dlcomm.tools.emulation.compute_slowdown import ENV_VAR as COMPUTE_ENV_VAR
+from dlcomm.tools.emulation.compute_slowdown import (
     ComputeStraggler,
     format_compute_env,
     jittered_speeds,
 )
-from dlcomm.launcher.emulate_plan import (
+from dlcomm.tools.emulation.plan import (
     BRIDGE_NAMESPACE,
     HOST_INTERFACE,
     bridge_port,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlcomm.launcher.emulate_plan import (
+from dlcomm.tools.emulation.plan import (
     BRIDGE_NAMESPACE,
     HOST_INTERFACE,
     bridge_port,

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from dlcomm.launcher.emulate_plan import NAME_PREFIX, teardown_commands
+from dlcomm.tools.emulation.plan import NAME_PREFIX, teardown_commands
 
 NEEDS_ROOT_MESSAGE = "--emulate needs root and iproute2; run as root or with sudo"
 NETNS_ETC = Path("/etc/netns")

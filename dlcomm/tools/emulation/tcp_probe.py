@@ -1,6 +1,6 @@
 """A bounded TCP throughput probe between two emulated hosts (one stream, like iperf -P 1).
 
-``python -m dlcomm.launcher.emulate_tcp_probe recv PORT MAX_BYTES TIMEOUT_S`` listens on the
+``python -m dlcomm.tools.emulation.tcp_probe recv PORT MAX_BYTES TIMEOUT_S`` listens on the
 emulated subnet and prints one JSON line (bytes received, seconds from first to last byte);
 ``... send ADDRESS PORT BYTES TIMEOUT_S`` streams BYTES of zeros. Both stop at their byte
 bound or their time bound, whichever comes first, and only ever bind or connect to

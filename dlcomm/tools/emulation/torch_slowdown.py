@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dlcomm.launcher.compute_slowdown import ComputeSlowdown
+from dlcomm.tools.emulation.compute_slowdown import ComputeSlowdown
 
 
 def spread_over(slow: ComputeSlowdown, model: torch.nn.Module) -> list[Any]:

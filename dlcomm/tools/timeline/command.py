@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_summary(args: argparse.Namespace) -> int:
     """Print the phase and tensor tables."""
-    from dlcomm.cli.timeline_summary import format_summary, load_trace, summarize
+    from dlcomm.tools.timeline.summary import format_summary, load_trace, summarize
 
     print(format_summary(summarize(load_trace(args.paths)), top=args.top), end="")
     return 0
@@ -40,8 +40,8 @@ def run_summary(args: argparse.Namespace) -> int:
 
 def run_plot(args: argparse.Namespace) -> int:
     """Write the Gantt chart and say where."""
-    from dlcomm.cli.timeline_plot import plot_timeline
-    from dlcomm.cli.timeline_summary import load_trace
+    from dlcomm.tools.timeline.plot import plot_timeline
+    from dlcomm.tools.timeline.summary import load_trace
 
     out = plot_timeline(load_trace(args.paths), args.output, max_rows=args.max_rows)
     print(f"wrote {out}")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlcomm.cli.timeline_summary import Trace, phase_order
 from dlcomm.engine.timeline import PHASES
+from dlcomm.tools.timeline.summary import Trace, phase_order
 
 MAX_ROWS = 80
 
