@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
 
 _QUIET_NAN_BF16 = 0x7FC0
 

@@ -105,7 +105,7 @@ KNOBS: tuple[Knob, ...] = (
          "fused error-feedback selection); 0 falls back to numpy.", where="import"),
     Knob("native_threads", 0, lambda t: int(t),
          "OpenMP threads of the native kernels (0: cores divided by ranks on the host).",
-         where="dlcomm.native.set_num_threads"),
+         where="dlcomm.kernels.set_num_threads"),
     Knob("build_native", True, parse_bool,
          "Build the native kernels during pip install (0 skips; numpy is used instead).",
          where="setup.py"),

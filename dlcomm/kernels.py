@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
+
 ABI_VERSION = 1
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 SIGN_DTYPES = {np.dtype(np.float16): 0, np.dtype(np.float32): 1, np.dtype(np.float64): 2}
@@ -202,11 +204,9 @@ def float16_add_(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # ---- bfloat16 (uint16 bit patterns) --------------------------------------------------------
 def float32_to_bf16_bits(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``dlcomm.compression.bfloat16.float_to_bf16_bits`` for a float32 array, same shape."""
+    """``dlcomm.bfloat16.float_to_bf16_bits`` for a float32 array, same shape."""
     _check(x, "x", (np.dtype(np.float32),))
     if not _native_ok(x):
-        from dlcomm.compression.bfloat16 import float_to_bf16_bits  # noqa: PLC0415 - no cycle
-
         ref = float_to_bf16_bits(x).reshape(x.shape)
         if out is None:
             return ref
@@ -219,7 +219,7 @@ def float32_to_bf16_bits(x: np.ndarray, out: np.ndarray | None = None) -> np.nda
 
 
 def bf16_bits_to_float32(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``dlcomm.compression.bfloat16.bf16_bits_to_float`` (exact widening), same shape."""
+    """``dlcomm.bfloat16.bf16_bits_to_float`` (exact widening), same shape."""
     _check(bits, "bits", (np.dtype(np.uint16),))
     out = _out(out, bits, np.float32)
     if _native_ok(bits):
@@ -237,11 +237,6 @@ def bf16_add_(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if _native_ok(a, b) and b.flags.writeable:
         _LIB.dlc_bf16_add_inplace(_ptr(a), _ptr(b), b.size)
         return b
-    from dlcomm.compression.bfloat16 import (  # noqa: PLC0415 - no import cycle at load
-        bf16_bits_to_float,
-        float_to_bf16_bits,
-    )
-
     total = bf16_bits_to_float(a.reshape(-1)) + bf16_bits_to_float(b.reshape(-1))
     b[...] = float_to_bf16_bits(total).reshape(b.shape)
     return b

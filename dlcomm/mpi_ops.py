@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from dlcomm import basics
+from dlcomm.array_api import array_namespace
 from dlcomm.comm.backend_select import is_device_array, select_backend
-from dlcomm.compression.array_api import array_namespace
 from dlcomm.engine.request import Handle, Kind, Request, Signature
 from dlcomm.ops import Average, ReduceOp, as_reduce_op
 from dlcomm.process_sets import ProcessSet, global_process_set

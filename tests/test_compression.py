@@ -16,6 +16,7 @@ from test_compression_reference import (
     topk_dense,
 )
 
+from dlcomm.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 from dlcomm.compression import (
     QSGD,
     ErrorFeedback,
@@ -28,7 +29,6 @@ from dlcomm.compression import (
     compressor_from_env,
     get_compressor,
 )
-from dlcomm.compression.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 from dlcomm.compression.topk_select import approx_topk_indices, exact_topk_indices
 
 DTYPES = [np.float16, np.float32, np.float64]

@@ -1,4 +1,4 @@
-"""dlcomm.native: every C++ kernel equals its numpy reference bit for bit.
+"""dlcomm.kernels: every C++ kernel equals its numpy reference bit for bit.
 
 Inputs are random bit patterns (so NaNs with payloads, infinities, subnormals and -0 all
 occur) drawn by hypothesis, plus arrays above the OpenMP threshold; each kernel runs with its
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
-import dlcomm.native as native
-from dlcomm.compression.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
+import dlcomm.kernels as native
+from dlcomm.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 
 needs_library = pytest.mark.skipif(
     not native.available(), reason=f"native library not in use: {native.load_error()}"
@@ -259,10 +259,10 @@ import sys
 import numpy as np
 from mpi4py import MPI
 import dlcomm
-import dlcomm.native
+import dlcomm.kernels
 
 calls = [0]
-real_add = dlcomm.native.float16_add_
+real_add = dlcomm.kernels.float16_add_
 
 
 def counting_add(a, b):
@@ -270,7 +270,7 @@ def counting_add(a, b):
     return real_add(a, b)
 
 
-dlcomm.native.float16_add_ = counting_add  # the MPI op looks it up at each call
+dlcomm.kernels.float16_add_ = counting_add  # the MPI op looks it up at each call
 dlcomm.init()
 rank = dlcomm.rank()
 rng = np.random.default_rng(100 + rank)
@@ -291,7 +291,7 @@ for name, x in tensors.items():
     op.Free()
     assert out[name].tobytes() == raw.tobytes(), f"rank {rank}: {name} differs from numpy op"
 np.savez(sys.argv[1] + f"/rank{rank}.npz", **out)
-print("native", dlcomm.native.available(), "kernel used", calls[0] > 0, flush=True)
+print("native", dlcomm.kernels.available(), "kernel used", calls[0] > 0, flush=True)
 dlcomm.shutdown()
 """
 

@@ -5,8 +5,8 @@ import pytest
 from mpi_run import run_mpi
 
 from dlcomm.errors import MismatchError
-from dlcomm.sync.agreement import check_same_settings, differing_settings
-from dlcomm.sync.dlcp import layout_fingerprint
+from dlcomm.heterogeneity.agreement import check_same_settings, differing_settings
+from dlcomm.heterogeneity.dlcp import layout_fingerprint
 
 
 def test_differing_settings_names_each_rank_value() -> None:
@@ -51,9 +51,9 @@ def test_mismatched_settings_fail_on_every_rank(tmp_path) -> None:
 import numpy as np
 import dlcomm
 from dlcomm.errors import MismatchError
-from dlcomm.sync.dlcp import BoundedLossExchange
-from dlcomm.sync.dssync import GroupCycle
-from dlcomm.sync.lbbsp import BatchBalancer
+from dlcomm.heterogeneity.dlcp import BoundedLossExchange
+from dlcomm.heterogeneity.dssync import GroupCycle
+from dlcomm.heterogeneity.lbbsp import BatchBalancer
 dlcomm.init()
 rank = dlcomm.rank()
 

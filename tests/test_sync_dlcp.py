@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mpi_run import run_mpi
 
-from dlcomm.sync.dlcp import droppable_mask, plan_chunks
+from dlcomm.heterogeneity.dlcp import droppable_mask, plan_chunks
 
 
 def test_plan_cuts_at_tensor_and_shard_boundaries() -> None:
@@ -42,7 +42,7 @@ def test_dlcp_exchange_on_three_ranks(tmp_path) -> None:
 import numpy as np
 import dlcomm
 from mpi4py import MPI
-from dlcomm.sync.dlcp import BoundedLossExchange
+from dlcomm.heterogeneity.dlcp import BoundedLossExchange
 dlcomm.init()
 comm = MPI.COMM_WORLD
 rank, n = comm.Get_rank(), comm.Get_size()

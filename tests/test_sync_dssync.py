@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from mpi_run import run_mpi
 
-from dlcomm.sync.dssync import partition
+from dlcomm.heterogeneity.dssync import partition
 
 
 @pytest.mark.parametrize("n,s", [(8, 2), (8, 3), (5, 2), (4, 4), (4, 8), (1, 1)])
@@ -34,7 +34,7 @@ def test_dssync_on_four_ranks(tmp_path) -> None:
     run_mpi(4, r'''
 import numpy as np, torch
 import dlcomm, dlcomm.torch as hvd
-from dlcomm.sync.dssync import GroupCycle, average_in_group, partition
+from dlcomm.heterogeneity.dssync import GroupCycle, average_in_group, partition
 hvd.init()
 rank, n = hvd.rank(), hvd.size()
 
@@ -84,7 +84,7 @@ bsp = train("bsp")
 full = train(f"dssync:group_size={n}")
 assert torch.equal(bsp, full), (bsp - full).abs().max()
 # parameter averaging over all ranks (the DS-Sync path, forced) also equals BSP for SGD
-from dlcomm.torch.sync.dssync import make_dssync_optimizer
+from dlcomm.torch.heterogeneity.dssync import make_dssync_optimizer
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 opt = make_dssync_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
@@ -116,7 +116,7 @@ def test_sync_modes_follow_a_dlcomm_started_on_a_subset(tmp_path) -> None:
 import torch
 from mpi4py import MPI
 import dlcomm.torch as hvd
-from dlcomm.sync.dssync import partition
+from dlcomm.heterogeneity.dssync import partition
 world = MPI.COMM_WORLD.Get_rank()
 part = [0, 1, 2] if world < 3 else [3]
 hvd.init(comm=part)

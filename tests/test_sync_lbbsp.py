@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from mpi_run import run_mpi
 
-from dlcomm.sync.lbbsp import (
+from dlcomm.heterogeneity.lbbsp import (
     BatchBalancer,
     MovingAveragePredictor,
     NARXPredictor,
@@ -96,7 +96,7 @@ def test_narx_learns_a_periodic_speed(model: str) -> None:
 
 def test_sampler_hands_out_disjoint_consecutive_slices() -> None:
     torch = pytest.importorskip("torch")  # noqa: F841
-    from dlcomm.torch.sync.lbbsp import BalancedBatchSampler
+    from dlcomm.torch.heterogeneity.lbbsp import BalancedBatchSampler
 
     seen = []
     for rank in range(3):

@@ -21,7 +21,7 @@ _EXPORTS = {
     "HierarchicalAllreduce": "hierarchical",
     "cached_hierarchical_allreduce": "hierarchical",
     "hierarchical_allreduce": "hierarchical",
-    "native_allreduce": "native",
+    "native_allreduce": "mpi_allreduce",
     "SUPPORTED_OPS": "reduction",
     "as_collective_op": "reduction",
     "reduction_ufunc": "reduction",

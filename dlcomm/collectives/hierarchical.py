@@ -21,7 +21,7 @@ from dlcomm.collectives.buffers import (
     raise_collective_errors,
 )
 from dlcomm.collectives.halving_doubling import rhd_allreduce
-from dlcomm.collectives.native import native_allreduce
+from dlcomm.collectives.mpi_allreduce import native_allreduce
 from dlcomm.collectives.reduction import reduction_ufunc
 from dlcomm.collectives.ring import ring_allreduce
 from dlcomm.collectives.tree import (

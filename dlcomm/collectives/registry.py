@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.hierarchical import hierarchical_allreduce
-from dlcomm.collectives.native import native_allreduce
+from dlcomm.collectives.mpi_allreduce import native_allreduce
 from dlcomm.collectives.ring import ring_allreduce
 from dlcomm.collectives.tree import tree_allreduce
 from dlcomm.ops import ReduceOp

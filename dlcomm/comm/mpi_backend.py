@@ -39,11 +39,11 @@ def _numpy_op(dtype: np.dtype, op: ReduceOp) -> MPI.Op:
         ufunc = _UFUNCS[op]
         # numpy's float16 add runs at a few hundred MB/s; the native kernel returns the same
         # bits (tests/test_native.py) about 10x faster. It is numpy's add when not built.
-        from dlcomm import native  # noqa: PLC0415 - only where float16 is reduced
+        from dlcomm import kernels  # noqa: PLC0415 - only where float16 is reduced
 
-        if dtype == np.float16 and ufunc is np.add and native.available():
+        if dtype == np.float16 and ufunc is np.add and kernels.available():
             def ufunc(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-                native.float16_add_(a, out)
+                kernels.float16_add_(a, out)
 
         def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
             a = np.frombuffer(inbuf, dtype=dtype)

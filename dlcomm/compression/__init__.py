@@ -8,7 +8,7 @@ Quick use::
 
 See docs/compression.md for the interface, each compressor and the measured throughput.
 """
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
 from dlcomm.compression.base import (
     ALLGATHER,
     ALLREDUCE,

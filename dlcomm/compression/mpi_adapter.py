@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlcomm.compression.array_api import from_host, to_host
+from dlcomm.array_api import from_host, to_host
 from dlcomm.errors import DLCommError
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
 from dlcomm.engine import fusion
 from dlcomm.engine.negotiation import Response
 from dlcomm.engine.request import Kind, Request

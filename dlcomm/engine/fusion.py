@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
 
 
 def plan_fusion(nbytes: Sequence[int], keys: Sequence[Hashable], threshold: int) -> list[list[int]]:

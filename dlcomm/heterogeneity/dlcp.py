@@ -16,7 +16,7 @@ into the sender's residual (error feedback: ``sent + residual == gradient + old 
 With ``p = 0`` nothing is droppable and the result is a plain averaging all-reduce.
 
 This module talks to MPI through mpi4py on communicators of its own (``Dup`` of the world):
-dlcomm's core has no non-blocking point-to-point, and ``dlcomm.sync`` is part of the core.
+dlcomm's core has no non-blocking point-to-point, and ``dlcomm.heterogeneity`` is part of the core.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from dlcomm.comm.polling import wait_polling
-from dlcomm.sync.agreement import check_same_settings
-from dlcomm.sync.world_comm import base_comm
+from dlcomm.heterogeneity.agreement import check_same_settings
+from dlcomm.heterogeneity.world_comm import base_comm
 
 HEADER_TAG = 0
 

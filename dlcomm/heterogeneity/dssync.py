@@ -27,9 +27,9 @@ import numpy as np
 
 from dlcomm import mpi_ops
 from dlcomm.comm.polling import wait_polling
+from dlcomm.heterogeneity.agreement import check_same_settings
+from dlcomm.heterogeneity.world_comm import base_comm
 from dlcomm.ops import Average
-from dlcomm.sync.agreement import check_same_settings
-from dlcomm.sync.world_comm import base_comm
 
 DEFAULT_CYCLE = 8
 

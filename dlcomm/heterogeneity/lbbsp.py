@@ -227,8 +227,8 @@ class BatchBalancer:
         the same settings (different global batches or bounds would hand out overlapping
         samples and wrong weights; different intervals would meet in the speed all-gather at
         different iterations). Collective over ``comm`` (default: dlcomm's ranks)."""
-        from dlcomm.sync.agreement import check_same_settings
-        from dlcomm.sync.world_comm import base_comm
+        from dlcomm.heterogeneity.agreement import check_same_settings
+        from dlcomm.heterogeneity.world_comm import base_comm
 
         check_same_settings(base_comm(comm), "LB-BSP's BatchBalancer", {
             "global_batch": self.global_batch, "num_ranks": self.num_ranks,

@@ -1,4 +1,4 @@
-"""The MPI communicator that ``dlcomm.sync`` algorithms build their own communicators from.
+"""The MPI communicator that ``dlcomm.heterogeneity`` algorithms build their own communicators from.
 
 DS-Sync and DLCP talk to MPI through mpi4py directly (each for a measured reason stated in
 its module); both must run on the same ranks as dlcomm itself.

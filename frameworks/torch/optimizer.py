@@ -259,7 +259,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if compression is not NoneCompressor and sparse_as_dense is False and any(
             p.is_sparse for p in all_params):
         raise ValueError("compression is not supported for sparse parameters")
-    from dlcomm.torch.sync import make_sync_optimizer, resolve_loss_tolerance, resolve_sync
+    from dlcomm.torch.heterogeneity import make_sync_optimizer, resolve_loss_tolerance, resolve_sync
 
     sync_mode, sync_options = resolve_sync(sync)
     tolerance = resolve_loss_tolerance(loss_tolerance)  # None: DLCOMM_LOSS_TOLERANCE

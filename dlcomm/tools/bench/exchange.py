@@ -67,7 +67,7 @@ def run(comm: Any, sizes: list[int], algorithms: list[str], tolerances: list[flo
     import numpy as np
 
     from dlcomm.collectives.registry import ALLREDUCE_ALGORITHMS
-    from dlcomm.sync.dlcp import BoundedLossExchange
+    from dlcomm.heterogeneity.dlcp import BoundedLossExchange
     from dlcomm.tools.emulation.link_monitor import LinkMonitor, summarize_window
 
     flat = np.random.default_rng(comm.rank).standard_normal(sum(sizes)).astype(np.float32)

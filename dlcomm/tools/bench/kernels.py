@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.compression.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
-from dlcomm.native import (
+from dlcomm.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
+from dlcomm.kernels import (
     available,
     bf16_add_,
     bf16_bits_to_float32,

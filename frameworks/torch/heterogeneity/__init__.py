@@ -106,12 +106,12 @@ def make_sync_optimizer(mode: str, options: dict[str, Any], loss_tolerance: floa
     if mode != "bsp" and loss_tolerance > 0:
         raise ValueError(f"loss_tolerance applies to sync='bsp'; got sync={mode!r} too")
     if loss_tolerance > 0:
-        from dlcomm.torch.sync.dlcp import make_dlcp_optimizer
+        from dlcomm.torch.heterogeneity.dlcp import make_dlcp_optimizer
 
         return make_dlcp_optimizer(optimizer, loss_tolerance)
     if mode == "dssync":
         from dlcomm.basics import size
-        from dlcomm.torch.sync.dssync import make_dssync_optimizer
+        from dlcomm.torch.heterogeneity.dssync import make_dssync_optimizer
 
         if options["group_size"] >= size():
             opt = default()
@@ -119,13 +119,13 @@ def make_sync_optimizer(mode: str, options: dict[str, Any], loss_tolerance: floa
             return opt
         return make_dssync_optimizer(optimizer, **options)
     if mode == "lbbsp":
-        from dlcomm.torch.sync.lbbsp import make_lbbsp_optimizer
+        from dlcomm.torch.heterogeneity.lbbsp import make_lbbsp_optimizer
 
         return make_lbbsp_optimizer(optimizer, named_parameters, options, **kwargs)
     raise ValueError(f"unknown sync mode {mode!r}")
 
 
-from dlcomm.torch.sync.lbbsp import BalancedBatchSampler  # noqa: E402
+from dlcomm.torch.heterogeneity.lbbsp import BalancedBatchSampler  # noqa: E402
 
 __all__ = ["SYNC_MODES", "BalancedBatchSampler", "build_mixin", "make_sync_optimizer",
            "parse_sync", "resolve_loss_tolerance", "resolve_sync"]

@@ -1,6 +1,6 @@
 """DLCP bounded loss for torch: after backward, the gradients (input layer first, as the
 optimizer lists them) are flattened into one float32 buffer and averaged by
-``dlcomm.sync.dlcp.BoundedLossExchange``, which may leave out at most ``loss_tolerance`` of
+``dlcomm.heterogeneity.dlcp.BoundedLossExchange``, which may leave out at most ``loss_tolerance`` of
 the elements per step (never of a bias, a norm or a small tensor); left-out data returns
 through error feedback. The exchange starts after backward (no overlap with it).
 """
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlcomm.sync.dlcp import BoundedLossExchange, ExchangeStats
+from dlcomm.heterogeneity.dlcp import BoundedLossExchange, ExchangeStats
 
 
 class BoundedLossOptimizer:
@@ -66,7 +66,7 @@ class BoundedLossOptimizer:
 def make_dlcp_optimizer(optimizer: torch.optim.Optimizer,
                         loss_tolerance: float) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for bounded-loss gradient exchange (collective construction)."""
-    from dlcomm.torch.sync import build_mixin
+    from dlcomm.torch.heterogeneity import build_mixin
 
     obj = build_mixin(BoundedLossOptimizer, optimizer)
     obj._setup_dlcp(loss_tolerance)

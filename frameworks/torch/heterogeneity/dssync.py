@@ -1,5 +1,5 @@
 """DS-Sync for torch: each rank steps on its own gradient, then parameters are averaged
-within this step's group (``dlcomm.sync.dssync``); ``synchronize_globally()`` averages them
+within this step's group (``dlcomm.heterogeneity.dssync``); ``synchronize_globally()`` averages them
 over all ranks (call it before evaluation, checkpoints and at the end of training)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from dlcomm.sync.dssync import GroupCycle, average_in_group, global_average
+from dlcomm.heterogeneity.dssync import GroupCycle, average_in_group, global_average
 from dlcomm.torch.mpi_ops import _writeback, to_numpy
 
 
@@ -61,7 +61,7 @@ class DSSyncOptimizer:
 def make_dssync_optimizer(optimizer: torch.optim.Optimizer, group_size: int, seed: int = 0,
                           cycle: int = 8) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for DS-Sync (collective: splits the cycle's group communicators)."""
-    from dlcomm.torch.sync import build_mixin
+    from dlcomm.torch.heterogeneity import build_mixin
 
     obj = build_mixin(DSSyncOptimizer, optimizer)
     obj._setup_dssync(group_size, seed, cycle)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlcomm.sync.lbbsp import BatchBalancer
+from dlcomm.heterogeneity.lbbsp import BatchBalancer
 
 
 def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any,
