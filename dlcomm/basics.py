@@ -18,7 +18,7 @@ from dlcomm.process_sets import ProcessSet, global_process_set
 class _State:
     config: Config
     engine: Any  # dlcomm.engine.engine.Engine (imported in init: it loads MPI)
-    comm: Any  # the mpi4py communicator dlcomm was started on
+    comm: Any  # the transport communicator dlcomm was started on (dlcomm.comm)
     rank: int
     size: int
     local_rank: int
@@ -46,39 +46,21 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
         return
     config = load_config(**settings)
     logging.getLogger("dlcomm").setLevel(config.log_level.upper())
-    # Importing mpi4py.MPI initialises MPI, so it happens here and not at `import dlcomm`:
-    # a process that only launches jobs (dlcommrun) must not become an MPI process.
-    from mpi4py import MPI
+    # Importing mpi4py.MPI initialises MPI, so the transport loads here and not at
+    # `import dlcomm`: a process that only launches jobs (dlcommrun) must not become an MPI
+    # process. The engine imports the transport too.
+    from dlcomm.comm.world import open_world  # noqa: PLC0415 - MPI start-up
+    from dlcomm.engine.engine import Engine  # noqa: PLC0415 - MPI start-up
 
-    from dlcomm.engine.engine import Engine
-
-    if comm is None:
-        comm = MPI.COMM_WORLD
-    elif isinstance(comm, (list, tuple)):
-        ranks = list(comm)
-        world = MPI.COMM_WORLD
-        if not all(isinstance(r, int) and 0 <= r < world.Get_size() for r in ranks):
-            raise ValueError(f"comm ranks must be world ranks in [0, {world.Get_size()}), "
-                             f"got {ranks}")
-        comm = world.Create_group(world.Get_group().Incl(sorted(ranks)))
-        if comm == MPI.COMM_NULL:
-            raise ValueError(f"this process (world rank {world.Get_rank()}) is not in {ranks}")
-    elif not isinstance(comm, MPI.Comm):
-        raise TypeError(f"comm must be an mpi4py communicator or a list of ranks, "
-                        f"got {type(comm).__name__}")
-    rank, size = comm.Get_rank(), comm.Get_size()
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    cross = comm.Split(color=local.Get_rank(), key=rank)
+    world = open_world(comm)
+    rank, size = world.comm.rank, world.comm.size
     global_process_set.ranks = list(range(size))
     _state = _State(
-        config=config, engine=Engine(config, comm), comm=comm, rank=rank, size=size,
-        local_rank=local.Get_rank(), local_size=local.Get_size(),
-        cross_rank=cross.Get_rank(), cross_size=cross.Get_size(),
-        process_sets={0: global_process_set},
-        mpi_threads=MPI.Query_thread() == MPI.THREAD_MULTIPLE,
+        config=config, engine=Engine(config, world.comm), comm=world.comm, rank=rank,
+        size=size, local_rank=world.local_rank, local_size=world.local_size,
+        cross_rank=world.cross_rank, cross_size=world.cross_size,
+        process_sets={0: global_process_set}, mpi_threads=world.threads_multiple,
     )
-    local.Free()
-    cross.Free()
     atexit.register(shutdown)
     for ps in process_sets or ():
         add_process_set(ps)

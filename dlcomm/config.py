@@ -109,10 +109,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("build_native", True, parse_bool,
          "Build the native kernels during pip install (0 skips; numpy is used instead).",
          where="setup.py"),
-    Knob("allreduce_algorithm", "native", str,
-         "All-reduce algorithm of dlcomm.collectives: native (MPI's own), ring, rhd, tree, "
-         "hierarchical (see docs/collectives.md). ring kept one slow link busy where native "
-         "left it idle a quarter of the time (docs/heterogeneity.md, DLCP fifth round).",
+    Knob("allreduce_algorithm", "mpi", str,
+         "All-reduce algorithm of dlcomm.collectives: mpi (MPI's own; 'native' is accepted "
+         "too), ring, rhd, tree, hierarchical (see docs/collectives.md). ring kept one slow "
+         "link busy where MPI's own left it idle a quarter of the time (docs/heterogeneity.md, "
+         "DLCP fifth round).",
          where="get_allreduce_algorithm"),
     Knob("hierarchical_leader_algorithm", "ring", str,
          "Algorithm among host leaders inside the hierarchical all-reduce.",

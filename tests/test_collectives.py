@@ -20,7 +20,7 @@ from dlcomm.collectives import (
     HierarchicalAllreduce, binomial_broadcast, binomial_reduce, get_allreduce_algorithm,
     ring_allgather, ring_reduce_scatter,
 )
-from dlcomm.collectives.reduction import mpi_op
+from dlcomm.comm.mpi_backend import mpi_op
 
 comm = MPI.COMM_WORLD
 p, r = comm.Get_size(), comm.Get_rank()
@@ -235,7 +235,7 @@ def raises(kind, fragment, func, *args, **kwargs):
         raise AssertionError(f"{func.__name__}{args} did not raise {kind.__name__}")
 
 
-raises(ValueError, "valid names: native, ring, rhd, tree, hierarchical",
+raises(ValueError, "valid names: mpi, ring, rhd, tree, hierarchical (also native = mpi)",
        get_allreduce_algorithm, "butterfly")
 raises(TypeError, "string", get_allreduce_algorithm, 3)
 assert get_allreduce_algorithm(" Ring ") is ring_allreduce

@@ -1,36 +1,38 @@
-"""The ``native`` all-reduce: MPI's own ``Allreduce``, the reference the others are tested
-against and the default until a benchmark shows another algorithm faster."""
+"""The ``mpi`` all-reduce: MPI's own ``Allreduce`` (through the transport), the reference the
+others are tested against and the default until a benchmark shows another algorithm faster.
+``native`` is its earlier name, still accepted."""
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from dlcomm.collectives.buffers import (
+    CommLike,
     check_comm,
     check_send_recv_pair,
     is_same_buffer,
     raise_collective_errors,
 )
-from dlcomm.collectives.reduction import mpi_op
+from dlcomm.collectives.reduction import as_collective_op
 from dlcomm.ops import ReduceOp
 
 
 @raise_collective_errors
-def native_allreduce(
-    comm: MPI.Intracomm,
+def mpi_allreduce(
+    comm: CommLike,
     sendbuf: np.ndarray,
     recvbuf: np.ndarray,
     op: ReduceOp | str = ReduceOp.SUM,
 ) -> np.ndarray:
-    """All-reduce with ``comm.Allreduce`` (MPI picks the algorithm); returns ``recvbuf``.
+    """All-reduce with MPI's ``Allreduce`` (MPI picks the algorithm); returns ``recvbuf``.
 
     Same contract as the point-to-point algorithms: contiguous 1-D numpy arrays of equal
-    size and dtype, ``sendbuf is recvbuf`` for in place. The dtype must have an MPI
-    equivalent (float16 does not).
+    size and dtype, ``sendbuf is recvbuf`` for in place.
     """
     comm = check_comm(comm)
-    mpi_operator = mpi_op(op)
+    op = as_collective_op(op)
     send, recv = check_send_recv_pair(sendbuf, recvbuf)
-    source = MPI.IN_PLACE if is_same_buffer(send, recv) else send
-    comm.Allreduce(source, recv, op=mpi_operator)
+    comm.plain.allreduce(recv if is_same_buffer(send, recv) else send, recv, op)
     return recv
+
+
+native_allreduce = mpi_allreduce  # the name it had; DLCOMM_ALLREDUCE_ALGORITHM=native too

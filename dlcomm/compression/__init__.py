@@ -21,13 +21,13 @@ from dlcomm.compression.casts import BF16Compressor, FP16Compressor, NoneCompres
 from dlcomm.compression.error_feedback import ErrorFeedback
 from dlcomm.compression.exchange import (
     ExchangeComm,
+    MPICommAdapter,
     SelfComm,
     compressed_allreduce,
     sparse_tree_merge,
 )
 from dlcomm.compression.gtopk import GTopK
 from dlcomm.compression.lowrank import ACPSGD, PowerSGD
-from dlcomm.compression.mpi_adapter import MPICommAdapter
 from dlcomm.compression.payload_cast import PayloadCast
 from dlcomm.compression.qsgd import QSGD
 from dlcomm.compression.registry import (

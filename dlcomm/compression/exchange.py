@@ -2,7 +2,8 @@
 
 ``compressed_allreduce`` drives a compressor's rounds (see ``base``) with three collectives
 from a small ``ExchangeComm`` protocol: all-reduce sum, all-gather of variable-sized arrays,
-and pairwise send-receive for gTop-k's merge tree. ``MPICommAdapter`` provides it on mpi4py.
+and pairwise send-receive for gTop-k's merge tree. The transport's communicator
+(``dlcomm.comm``) provides it; ``MPICommAdapter(mpi4py_comm)`` wraps an mpi4py one.
 """
 from __future__ import annotations
 
@@ -50,6 +51,14 @@ class SelfComm:
 
     def sendrecv(self, arr: object, peer: int) -> object:
         raise ValueError(f"a one-rank communicator has no peer {peer}")
+
+
+def MPICommAdapter(mpi_comm: object) -> ExchangeComm:  # noqa: N802 - its name as a class
+    """An mpi4py communicator as an ``ExchangeComm``: the transport's communicator over it."""
+    # Importing the transport imports mpi4py.MPI, which starts MPI: only when asked for.
+    from dlcomm.comm.mpi_backend import as_communicator  # noqa: PLC0415 - MPI start-up
+
+    return as_communicator(mpi_comm)
 
 
 def compressed_allreduce(

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dlcomm.array_api import array_namespace
+from dlcomm.comm.counting import ByteCounter, CountingCommunicator
 from dlcomm.engine import fusion
 from dlcomm.engine.negotiation import Response
 from dlcomm.engine.request import Kind, Request
@@ -23,24 +24,36 @@ log = logging.getLogger("dlcomm")
 
 
 class ProcessSetState:
-    """A process set as the engine sees it: members and, on members, the communicator."""
+    """A process set as the engine sees it: members and, on members, the communicators
+    (wrapped to count the payload bytes sent through them)."""
 
-    def __init__(self, set_id: int, ranks: tuple[int, ...], comm: Any) -> None:
+    def __init__(self, set_id: int, ranks: tuple[int, ...], comm: Any,
+                 counter: ByteCounter) -> None:
         self.id = set_id
         self.ranks = ranks
-        self.comm = comm  # None on ranks outside the set
-        self.exchange: Any = None  # compression's view of comm, made on first use
-        self.nccl: Any = None  # NCCL communicator for device arrays, made on first use
+        self.comm = comm  # the transport communicator; None on ranks outside the set
+        self.counter = counter
+        self._data = None if comm is None else CountingCommunicator(comm, counter)
+        self._exchange: Any = None  # compressed exchange's view of comm, made on first use
+        self._nccl: Any = None  # NCCL communicator for device arrays, made on first use
 
     def data_comm(self, device: bool) -> Any:
         """MPI for host arrays; NCCL (created collectively on first use) for device ones."""
         if not device:
-            return self.comm
-        if self.nccl is None:
-            from dlcomm.comm.nccl_backend import NCCLCommunicator
+            return self._data
+        if self._nccl is None:
+            # CuPy's NCCL is an optional dependency, loaded for the first device array.
+            from dlcomm.comm.nccl_backend import NCCLCommunicator  # noqa: PLC0415
 
-            self.nccl = NCCLCommunicator(self.comm.comm)
-        return self.nccl
+            self._nccl = CountingCommunicator(NCCLCommunicator(self.comm), self.counter)
+        return self._nccl
+
+    def exchange_comm(self) -> Any:
+        """The communicator compressed exchange runs its unfused rounds on (MPI's own
+        all-reduce, as the rounds have always used)."""
+        if self._exchange is None:
+            self._exchange = CountingCommunicator(self.comm.plain, self.counter)
+        return self._exchange
 
     def set_rank(self, world_rank: int) -> int:
         return self.ranks.index(world_rank)
@@ -59,7 +72,6 @@ class Executor:
         self.timeline = timeline
         self.process_sets = process_sets
         self.buffers = fusion.FusionBuffer()
-        self.bytes_sent = 0  # payload bytes this rank contributed to collectives
         self._on_add = on_add_process_set
         self._on_remove = on_remove_process_set
         self._on_set_tunables = on_set_tunables
@@ -197,7 +209,6 @@ class Executor:
             buf = self.buffers.get(parts[0].dtype, total, like=parts[0])
             offsets = fusion.pack(parts, buf)
             comm.allreduce(buf, buf, ReduceOp.SUM)
-            self.bytes_sent += buf.nbytes
             fusion.unpack(buf, [out[i] for i in idx], offsets)
         return out
 
@@ -208,7 +219,7 @@ class Executor:
         assert req is not None  # joined ranks are refused for compressed requests
         sig = resp.reference
         try:
-            exchange = self._exchange_comm(sig.process_set_id)
+            exchange = self.process_sets[sig.process_set_id].exchange_comm()
             results = []
             req.outputs = [np.empty_like(x) if o is None else o
                            for x, o in zip(req.arrays, req.outputs)]
@@ -225,15 +236,6 @@ class Executor:
             req.handle.set_error(exc)
             return
         req.handle.set_result(results if req.grouped else results[0])
-
-    def _exchange_comm(self, set_id: int) -> Any:
-        """The compression module's communicator view of a process set (built once)."""
-        from dlcomm.compression import MPICommAdapter
-
-        ps = self.process_sets[set_id]
-        if ps.exchange is None:
-            ps.exchange = _CountingExchange(MPICommAdapter(ps.comm.comm), self)
-        return ps.exchange
 
     def _allreduce_group(self, group: list[tuple[Response, Request | None]]) -> None:
         first = group[0][0]
@@ -284,7 +286,6 @@ class Executor:
                     self.timeline.end(n, "fuse")
                     self.timeline.begin(n, "communicate")
                 comm.allreduce(buf, buf, wire_op)
-                self.bytes_sent += buf.nbytes
                 for n in timed:
                     self.timeline.end(n, "communicate")
                     self.timeline.begin(n, "unpack")
@@ -323,7 +324,6 @@ class Executor:
             self.timeline.end(n, "fuse")
             self.timeline.begin(n, "communicate")
         comm.allreduce(buf, result, op)
-        self.bytes_sent += buf.nbytes
         for n in timed:
             self.timeline.end(n, "communicate")
         if len(set(post)) == 1:
@@ -350,7 +350,6 @@ class Executor:
             comm.allreduce(flat_out, flat_out, op)
         else:
             comm.allreduce(x.reshape(-1), flat_out, op)
-        self.bytes_sent += x.nbytes
         if post != 1.0:
             np.multiply(flat_out, post, out=flat_out, casting="unsafe")
         self.timeline.end(name, "communicate")
@@ -371,7 +370,6 @@ class Executor:
         self.timeline.begin(resp.name, "communicate", {"bytes": x.nbytes})
         comm.allgatherv(x.reshape(-1), out.reshape(-1),
                         [n * row for n in rows])
-        self.bytes_sent += x.nbytes
         self.timeline.end(resp.name, "communicate")
         return out
 
@@ -382,8 +380,6 @@ class Executor:
         root = resp.reference.root  # rank within the process set, as in Horovod
         self.timeline.begin(resp.name, "communicate", {"bytes": out.nbytes})
         comm.bcast(out.reshape(-1), root)
-        if comm.rank == root:
-            self.bytes_sent += out.nbytes
         self.timeline.end(resp.name, "communicate")
         return out
 
@@ -400,7 +396,6 @@ class Executor:
         self.timeline.begin(resp.name, "communicate", {"bytes": x.nbytes})
         comm.alltoallv(x.reshape(-1), [n * row for n in send_rows],
                        out.reshape(-1), [n * row for n in recv_rows])
-        self.bytes_sent += x.nbytes
         self.timeline.end(resp.name, "communicate")
         return out, recv_rows
 
@@ -421,7 +416,6 @@ class Executor:
         self.timeline.begin(resp.name, "communicate", {"bytes": x.nbytes})
         comm.reduce_scatter(src, out.reshape(-1), [n * row for n in rows],
                             ReduceOp.SUM if op is ReduceOp.AVERAGE else op)
-        self.bytes_sent += x.nbytes
         self.timeline.end(resp.name, "communicate")
         post = sig.postscale / (len(ps.ranks) if op is ReduceOp.AVERAGE else 1)
         if post != 1.0:
@@ -433,25 +427,3 @@ def reducescatter_rows(rows: int, parts: int) -> list[int]:
     """Horovod's split of the first dimension: the first ``rows % parts`` ranks get one more."""
     base, extra = divmod(rows, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
-
-
-class _CountingExchange:
-    """Compression's communicator, counting the payload bytes this rank sends."""
-
-    def __init__(self, inner: Any, executor: Executor) -> None:
-        self._inner = inner
-        self._executor = executor
-        self.size = inner.size
-        self.rank = inner.rank
-
-    def allreduce_sum(self, arr: Any) -> Any:
-        self._executor.bytes_sent += arr.nbytes
-        return self._inner.allreduce_sum(arr)
-
-    def allgather(self, arr: Any) -> list:
-        self._executor.bytes_sent += arr.nbytes
-        return self._inner.allgather(arr)
-
-    def sendrecv(self, arr: Any, peer: int) -> Any:
-        self._executor.bytes_sent += arr.nbytes
-        return self._inner.sendrecv(arr, peer)

@@ -15,8 +15,9 @@ every send is matched by exactly one receive. What a sender's owner did not coun
 into the sender's residual (error feedback: ``sent + residual == gradient + old residual``).
 With ``p = 0`` nothing is droppable and the result is a plain averaging all-reduce.
 
-This module talks to MPI through mpi4py on communicators of its own (``Dup`` of the world):
-dlcomm's core has no non-blocking point-to-point, and ``dlcomm.heterogeneity`` is part of the core.
+This module exchanges non-blocking point-to-point messages on communicators of its own
+(duplicates of the world, from the transport ``dlcomm.comm``) rather than through the engine,
+whose requests are collectives negotiated over every rank.
 """
 from __future__ import annotations
 
@@ -151,15 +152,12 @@ class BoundedLossExchange:
                 raise ValueError(f"{what} must be an int >= 1, got {v!r}")
         if deadline_s is not None and deadline_s < 0:
             raise ValueError(f"deadline_s must be >= 0 or None, got {deadline_s}")
-        from mpi4py import MPI
-
-        self._MPI = MPI
         base = base_comm(comm)
         check_same_settings(base, "DLCP's BoundedLossExchange", {
             "loss_tolerance": float(loss_tolerance), "chunk_elems": int(chunk_elems),
             "channels": int(channels), **layout_fingerprint(sizes, protected)})
-        self.comms = [base.Dup() for _ in range(int(channels))]
-        self.rank, self.size = base.Get_rank(), base.Get_size()
+        self.comms = [base.dup() for _ in range(int(channels))]
+        self.rank, self.size = base.rank, base.size
         self.p = float(loss_tolerance)
         self.num_layers = len(sizes)
         self.chunks = plan_chunks(sizes, protected, self.size, int(chunk_elems))
@@ -196,10 +194,9 @@ class BoundedLossExchange:
 
     def drain(self) -> None:
         """Complete every late receive (discarding its data) and every earlier send."""
-        MPI = self._MPI
         for reqs in (self._late, self._sends):
             if reqs:
-                wait_polling(lambda reqs=reqs: MPI.Request.Testall(reqs))
+                wait_polling(lambda reqs=reqs: self.comms[0].test_all(reqs))
         self._late, self._late_bufs = [], []
         self._sends, self._send_bufs = [], []
 
@@ -207,7 +204,7 @@ class BoundedLossExchange:
         """Drain, then free the communicators (collective)."""
         self.drain()
         for c in self.comms:
-            c.Free()
+            c.free()
         self.comms = []
 
     def _comm(self, index: int) -> Any:
@@ -242,7 +239,6 @@ class BoundedLossExchange:
             raise ValueError(f"flat has {flat.size} elements; the plan has {self.length}")
         if not self.comms:
             raise RuntimeError("this exchange was closed")
-        MPI = self._MPI
         self.drain()
         t0 = time.perf_counter()
         acc = flat + self.residual
@@ -250,7 +246,7 @@ class BoundedLossExchange:
         mine = self.by_owner[me]
         senders = [s for s in range(self.size) if s != me]
         headers = {s: np.empty(len(mine), dtype=np.uint8) for s in senders}
-        header_reqs = [self.comms[0].Irecv(headers[s], source=s, tag=HEADER_TAG)
+        header_reqs = [self.comms[0].irecv(headers[s], s, HEADER_TAG)
                        for s in senders]
         # Send to every owner: header (1 = mandatory), packed mandatory pieces, droppables.
         sends: list[Any] = []
@@ -272,21 +268,21 @@ class BoundedLossExchange:
             pos += len(cs)
             header = (~drop).astype(np.uint8)
             bufs.append(header)
-            sends.append(self.comms[0].Isend(header, dest=o, tag=HEADER_TAG))
+            sends.append(self.comms[0].isend(header, o, HEADER_TAG))
             for j, piece in enumerate(self._pieces(np.flatnonzero(~drop))):
                 data = np.concatenate([acc[cs[i].start:cs[i].end] for i in piece])
                 bufs.append(data)
-                sends.append(self.comms[j].Isend(data, dest=o, tag=1 + j))
+                sends.append(self.comms[j].isend(data, o, 1 + j))
             for i in sorted(np.flatnonzero(drop).tolist(), key=lambda i: -priority[i]):
                 data = np.ascontiguousarray(acc[cs[i].start:cs[i].end])
                 bufs.append(data)
                 if self._hold_droppable:
                     held.append((o, i, data))
                 else:
-                    sends.append(self._comm(i).Isend(data, dest=o, tag=self._tag(i)))
+                    sends.append(self._comm(i).isend(data, o, self._tag(i)))
         # Polled, not Waitall: a rank waiting for peers still in backward must not spin
         # (ranks can outnumber cores); see dlcomm/comm/polling.py.
-        wait_polling(lambda: MPI.Request.Testall(header_reqs))
+        wait_polling(lambda: self.comms[0].test_all(header_reqs))
         piece_bufs: dict[int, list[tuple[list[int], np.ndarray]]] = {}
         mandatory: list[Any] = []
         optional: list[tuple[int, int, Any, np.ndarray]] = []
@@ -295,19 +291,19 @@ class BoundedLossExchange:
             for j, piece in enumerate(self._pieces(np.flatnonzero(headers[s]))):
                 buf = np.empty(sum(mine[i].size for i in piece), dtype=np.float32)
                 piece_bufs[s].append((piece, buf))
-                mandatory.append(self.comms[j].Irecv(buf, source=s, tag=1 + j))
+                mandatory.append(self.comms[j].irecv(buf, s, 1 + j))
             for i in np.flatnonzero(headers[s] == 0).tolist():
                 buf = np.empty(mine[i].size, dtype=np.float32)
-                optional.append((s, i, self._comm(i).Irecv(buf, source=s, tag=self._tag(i)),
+                optional.append((s, i, self._comm(i).irecv(buf, s, self._tag(i)),
                                  buf))
         if mandatory:
-            wait_polling(lambda: MPI.Request.Testall(mandatory))
+            wait_polling(lambda: self.comms[0].test_all(mandatory))
         t_mand = time.perf_counter() - t0
         deadline = max(self.deadline(), t_mand)
         arrived = np.zeros(len(optional), dtype=bool)
         while not arrived.all():
             for k, (_, _, req, _) in enumerate(optional):
-                if not arrived[k] and req.Test():
+                if not arrived[k] and req.test():
                     arrived[k] = True
             if arrived.all() or time.perf_counter() - t0 >= deadline:
                 break
@@ -344,11 +340,11 @@ class BoundedLossExchange:
                   for (a, b), cs in zip(self.shard_bounds, self.by_owner)]
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
         mine_out = np.concatenate([total, arrival.reshape(-1).astype(np.float32)])
-        self.comms[0].Allgatherv(mine_out, [out_all, (counts, displs), MPI.FLOAT])
+        self.comms[0].allgatherv(mine_out, out_all, counts)
         out = np.empty(self.length, dtype=np.float32)
         # Every rank has decided once the all-gather completed: held chunks are now late.
         for o, i, data in held:
-            sends.append(self._comm(i).Isend(data, dest=o, tag=self._tag(i)))
+            sends.append(self._comm(i).isend(data, o, self._tag(i)))
         # Error feedback: what my owners did not count stays in my residual.
         self.residual[:] = 0.0
         lost = 0

@@ -13,8 +13,9 @@ Why group averages bypass dlcomm's engine: the engine negotiates every request w
 coordinator over *all* ranks each cycle, so a group could start only when every rank's
 engine had joined that cycle, which couples all groups every step and undoes what DS-Sync
 is for. The partition is known everywhere, so nothing needs negotiating: each group meets in
-a polled ``MPI_Ibarrier`` and runs one ``MPI_Allreduce`` on its own communicator from the
-calling thread (dlcomm initialises MPI with ``MPI_THREAD_MULTIPLE``). Measured at 8 emulated
+a polled non-blocking barrier and runs one all-reduce on its own communicator (the
+transport's, ``dlcomm.comm``) from the calling thread (dlcomm initialises MPI with
+``MPI_THREAD_MULTIPLE``). Measured at 8 emulated
 hosts x 1 Gbit/s in docs/heterogeneity.md.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dlcomm import mpi_ops
 from dlcomm.comm.polling import wait_polling
 from dlcomm.heterogeneity.agreement import check_same_settings
 from dlcomm.heterogeneity.world_comm import base_comm
-from dlcomm.ops import Average
+from dlcomm.ops import Average, ReduceOp
 
 DEFAULT_CYCLE = 8
 
@@ -76,7 +77,7 @@ class GroupCycle:
         base = base_comm(comm)
         check_same_settings(base, "DS-Sync's GroupCycle", {
             "group_size": self.group_size, "seed": self.seed, "cycle": self.cycle})
-        self.num_ranks, me = base.Get_size(), base.Get_rank()
+        self.num_ranks, me = base.size, base.rank
         self.partitions = [partition(self.num_ranks, self.group_size, self.seed, k)
                            for k in range(self.cycle)]
         split: dict[tuple[tuple[int, ...], ...], Any] = {}
@@ -86,7 +87,7 @@ class GroupCycle:
             key = tuple(tuple(g) for g in part)
             if key not in split:
                 color = next(i for i, g in enumerate(part) if me in g)
-                split[key] = base.Split(color, me)
+                split[key] = base.split(color, me)
             self._comms.append(split[key])
             self._groups.append(next(g for g in part if me in g))
         self._checked: set[tuple[int, str, int]] = set()
@@ -96,13 +97,13 @@ class GroupCycle:
         return list(self._groups[_check_int(step, "step", 0) % self.cycle])
 
     def comm(self, step: int) -> Any:
-        """This rank's group communicator (mpi4py) at ``step``."""
+        """This rank's group communicator (the transport's) at ``step``."""
         return self._comms[_check_int(step, "step", 0) % self.cycle]
 
     def check_layout(self, step: int, dtype: np.dtype, count: int) -> None:
         """Raise ``MismatchError`` on every member if the members of this rank's group at
         ``step`` average different layouts (a mismatch would otherwise hang or corrupt
-        ``MPI_Allreduce``); checked once per communicator and layout."""
+        the all-reduce); checked once per communicator and layout."""
         comm, ranks = self.comm(step), self.group_ranks(step)
         key = (id(comm), dtype.str, count)
         if key in self._checked:
@@ -119,8 +120,8 @@ def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
                      step: int) -> list[np.ndarray]:
     """Average ``arrays`` (numpy, one dtype) within this rank's group at ``step``, in place.
 
-    The arrays are packed into one buffer and summed with one ``MPI_Allreduce`` on the
-    group's communicator (float16 is summed in float32: MPI has no half type).
+    The arrays are packed into one buffer and summed with one all-reduce on the group's
+    communicator (float16 is summed in float32).
     """
     if not isinstance(cycle, GroupCycle):
         raise TypeError(f"cycle must be a GroupCycle, got {type(cycle).__name__}")
@@ -138,7 +139,7 @@ def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
             raise ValueError(f"average_in_group takes one dtype per call, got {dtype} and "
                              f"{a.dtype}")
     comm = cycle.comm(step)
-    members = comm.Get_size()
+    members = comm.size
     if members == 1:
         return arrays
     count = sum(a.size for a in arrays)
@@ -149,13 +150,11 @@ def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
     for a in arrays:
         buf[pos:pos + a.size] = a.reshape(-1)
         pos += a.size
-    from mpi4py import MPI
-
     # Members arrive through a polled non-blocking barrier, so a rank whose partner is still
     # computing sleeps instead of spinning in MPI; the sum itself is the blocking call, whose
     # algorithms beat MPI_Iallreduce's (measured: docs/heterogeneity.md).
-    wait_polling(comm.Ibarrier().Test)
-    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    wait_polling(comm.ibarrier().test)
+    comm.allreduce(buf, buf, ReduceOp.SUM)
     buf /= members
     pos = 0
     for a in arrays:

@@ -1,11 +1,11 @@
-"""Times every all-reduce algorithm against ``native`` (MPI's own) on float32 buffers.
+"""Times every all-reduce algorithm against ``mpi`` (MPI's own) on float32 buffers.
 
 ``python -m dlcomm.tools.bench.algorithms`` starts itself on ``--np`` ranks (default 4) through
 ``build_mpirun_command`` when it is not already running under MPI, then prints a markdown
 table: per size and algorithm the median time over repeats (each repeat timed as the
 slowest rank's time after a barrier; algorithms take turns within a repeat), nccl-tests
-style algbw and busbw, and the time ratio to ``native`` measured in the same run (below 1
-means faster than native).
+style algbw and busbw, and the time ratio to ``mpi`` measured in the same run (below 1
+means faster than MPI's own).
 """
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def run_benchmark(args: argparse.Namespace) -> None:
         hierarchical_ranks_per_host=args.ranks_per_host,
     )
     algorithms: dict[str, Callable] = {
-        name: get_allreduce_algorithm(name) for name in ("native", "ring", "rhd", "tree")
+        name: get_allreduce_algorithm(name) for name in ("mpi", "ring", "rhd", "tree")
     }
     algorithms[f"hierarchical ({hosts.host_count} host)"] = lambda c, s, r, op: hosts(s, r, op)
     algorithms[f"hierarchical ({args.ranks_per_host} ranks/host)"] = (
@@ -152,16 +152,16 @@ def run_benchmark(args: argparse.Namespace) -> None:
         buf = np.zeros(nbytes // 4, dtype=np.float32)
         repeats = repeats_for(nbytes, args.repeats)
         medians = time_algorithms(comm, algorithms, buf, repeats, args.warmup)
-        native_time = medians["native"]
+        mpi_time = medians["mpi"]
         for name, seconds in medians.items():
             algbw = nbytes / seconds / 1e9 if seconds > 0 else float("inf")
             busbw = algbw * 2 * (size - 1) / size
             rows.append((format_size(nbytes), name, seconds * 1e3, algbw, busbw,
-                         seconds / native_time, repeats))
+                         seconds / mpi_time, repeats))
     if comm.Get_rank() == 0:
         print(f"all-reduce, float32, sum, in place, {size} ranks, median of repeats "
               f"(slowest rank per repeat)")
-        print("| size | algorithm | median ms | algbw GB/s | busbw GB/s | time / native "
+        print("| size | algorithm | median ms | algbw GB/s | busbw GB/s | time / mpi "
               "| repeats |")
         print("|---:|---|---:|---:|---:|---:|---:|")
         for row in rows:
