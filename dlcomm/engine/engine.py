@@ -23,8 +23,9 @@ from dlcomm.comm.counting import ByteCounter
 from dlcomm.comm.mpi_backend import MPICommunicator, dumps, loads
 from dlcomm.comm.polling import wait_polling
 from dlcomm.config import Config
-from dlcomm.engine.executor import Executor, ProcessSetState
+from dlcomm.engine.executor import Executor
 from dlcomm.engine.negotiation import WORLD, Coordinator, Response
+from dlcomm.engine.process_sets import ProcessSetState
 from dlcomm.engine.request import CACHEABLE, Handle, Kind, Request, Signature
 from dlcomm.engine.response_cache import ResponseCache
 from dlcomm.engine.stall import StallInspector
@@ -59,8 +60,11 @@ class Engine:
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.timeline = _open_timeline(config.timeline, self.rank)
         self.executor = Executor(self.rank, config.fusion_threshold, self.timeline,
-                                 self.process_sets, self._add_process_set,
-                                 self._remove_process_set, self._apply_tunables)
+                                 self.process_sets, {
+                                     Kind.ADD_PROCESS_SET: self._add_process_set,
+                                     Kind.REMOVE_PROCESS_SET: self._remove_process_set,
+                                     Kind.SET_TUNABLES: self._apply_tunables,
+                                 })
         self._tunable_requests = itertools.count()
         self.stall = StallInspector(config.stall_warning_seconds,
                                     config.stall_shutdown_seconds, self.rank)
@@ -277,8 +281,7 @@ class Engine:
         set_id = resp.reference.extra
         state = self.process_sets.pop(set_id)
         self.coordinator.members.pop(set_id, None)
-        if state.comm is not None:
-            state.comm.free()
+        state.free()
 
 
 def _allreduce_algorithm() -> Any:
