@@ -2,34 +2,24 @@
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
 from typing import Any
 
-from dlcomm.config import Config, load_config
+from dlcomm import runtime
+from dlcomm.comm.backend_select import nccl_available
+from dlcomm.config import load_config
 from dlcomm.engine.request import Kind, Request, Signature
-from dlcomm.errors import ShutdownError
 from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.runtime import is_initialized, state
+
+__all__ = ["add_process_set", "bytes_sent", "cross_rank", "cross_size", "init",
+           "is_homogeneous", "is_initialized", "local_rank", "local_size", "mpi_built",
+           "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "remove_process_set",
+           "shutdown", "size", "state"]
 
 
-@dataclasses.dataclass
-class _State:
-    config: Config
-    engine: Any  # dlcomm.engine.engine.Engine (imported in init: it loads MPI)
-    comm: Any  # the transport communicator dlcomm was started on (dlcomm.comm)
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    process_sets: dict[int, ProcessSet]
-    mpi_threads: bool
-
-
-_state: _State | None = None
 _set_requests = itertools.count()  # names add_process_set requests (same order on all ranks)
 
 
@@ -41,8 +31,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
     ``settings`` override ``DLCOMM_*`` knobs by name (``fusion_threshold=...``), see
     ``docs/knobs.md``. Calling ``init`` again while initialised does nothing.
     """
-    global _state
-    if _state is not None:
+    if is_initialized():
         return
     config = load_config(**settings)
     logging.getLogger("dlcomm").setLevel(config.log_level.upper())
@@ -55,12 +44,12 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
     world = open_world(comm)
     rank, size = world.comm.rank, world.comm.size
     global_process_set.ranks = list(range(size))
-    _state = _State(
+    runtime.start(runtime.State(
         config=config, engine=Engine(config, world.comm), comm=world.comm, rank=rank,
         size=size, local_rank=world.local_rank, local_size=world.local_size,
         cross_rank=world.cross_rank, cross_size=world.cross_size,
         process_sets={0: global_process_set}, mpi_threads=world.threads_multiple,
-    )
+    ))
     atexit.register(shutdown)
     for ps in process_sets or ():
         add_process_set(ps)
@@ -68,26 +57,13 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
 
 def shutdown() -> None:
     """Stop dlcomm on this process; pending requests on other ranks fail with a clear error."""
-    global _state
-    if _state is None:
+    stopped = runtime.stop()
+    if stopped is None:
         return
-    state, _state = _state, None
-    state.engine.shutdown()
-    for set_id, ps in state.process_sets.items():
+    stopped.engine.shutdown()
+    for set_id, ps in stopped.process_sets.items():
         if set_id != 0:
             ps.process_set_id = None
-
-
-def is_initialized() -> bool:
-    """True between ``init()`` and ``shutdown()``."""
-    return _state is not None
-
-
-def state() -> _State:
-    """The running state; raises ``ShutdownError`` before ``init()``."""
-    if _state is None:
-        raise ShutdownError("dlcomm is not initialized: call dlcomm.init() first")
-    return _state
 
 
 def rank() -> int:
@@ -141,8 +117,6 @@ def mpi_built() -> bool:
 
 def nccl_built() -> bool:
     """True when CuPy's NCCL bindings import (the GPU data path)."""
-    from dlcomm.comm.backend_select import nccl_available
-
     return nccl_available()
 
 

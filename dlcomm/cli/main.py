@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 
 # name -> module defining register(subparsers). Keep imports inside handlers: every module
 # here is imported on each `dlcomm` call to build the help.
@@ -24,8 +25,6 @@ EXIT_NOT_AVAILABLE = 2
 def _version() -> str:
     """The installed dlcomm version, or 'unknown' from an uninstalled tree."""
     try:
-        from importlib.metadata import version
-
         return version("dlcomm")
     except Exception:  # noqa: BLE001 - any metadata problem just means "unknown"
         return "unknown"

@@ -13,10 +13,15 @@ Non-Dedicated Environments" (TCC 2021).
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from dlcomm import mpi_ops
+from dlcomm.heterogeneity.agreement import check_same_settings
+from dlcomm.heterogeneity.world_comm import base_comm
 
 
 def _check_int(value: object, what: str, minimum: int) -> int:
@@ -124,11 +129,12 @@ class NARXPredictor:
         self._since_fit = 0
 
     def _new_model(self):  # noqa: ANN202 - a scikit-learn estimator
+        # scikit-learn is an optional dependency, needed by the NARX predictor only.
         if self.model_name == "ridge":
-            from sklearn.linear_model import Ridge
+            from sklearn.linear_model import Ridge  # noqa: PLC0415
 
             return Ridge(alpha=1e-3)
-        from sklearn.neural_network import MLPRegressor
+        from sklearn.neural_network import MLPRegressor  # noqa: PLC0415
 
         return MLPRegressor(hidden_layer_sizes=(16,), max_iter=300, random_state=self.seed)
 
@@ -155,8 +161,6 @@ class NARXPredictor:
             rows.append(self._features(t, self._batches[t]))
             targets.append(self._speeds[t] / self._scale)
         model = self._new_model()
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # few samples: convergence warnings are expected
             model.fit(np.concatenate(rows), np.concatenate(targets))
@@ -227,9 +231,6 @@ class BatchBalancer:
         the same settings (different global batches or bounds would hand out overlapping
         samples and wrong weights; different intervals would meet in the speed all-gather at
         different iterations). Collective over ``comm`` (default: dlcomm's ranks)."""
-        from dlcomm.heterogeneity.agreement import check_same_settings
-        from dlcomm.heterogeneity.world_comm import base_comm
-
         check_same_settings(base_comm(comm), "LB-BSP's BatchBalancer", {
             "global_batch": self.global_batch, "num_ranks": self.num_ranks,
             "min_batch": self.min_batch, "max_batch": self.max_batch,
@@ -268,8 +269,6 @@ class BatchBalancer:
         end of each interval (2, 4, ... then every ``interval`` iterations) share the
         interval's speed with all ranks (all-gather) and ``update_from_speeds``. Collective:
         every rank calls it after every iteration."""
-        from dlcomm import mpi_ops
-
         if seconds <= 0 or samples < 0:
             raise ValueError(f"need samples >= 0 and seconds > 0, got {samples}, {seconds}")
         self._samples += max(samples, 1)

@@ -15,7 +15,9 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import version
 
+from dlcomm.launcher.check_build import check_build, format_check_build
 from dlcomm.launcher.mpirun_command import build_mpirun_command, mpirun_available
 
 USAGE = """\
@@ -283,8 +285,6 @@ def _wait_forwarding(proc: subprocess.Popen, forwarded: tuple[int, ...]) -> None
 def _dlcomm_version() -> str:
     """The installed dlcomm version, or 'unknown' when run from an uninstalled tree."""
     try:
-        from importlib.metadata import version
-
         return version("dlcomm")
     except Exception:  # noqa: BLE001 - any metadata problem just means "unknown"
         return "unknown"
@@ -360,8 +360,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dlcommrun (dlcomm) {_dlcomm_version()}")
         return 0
     if opts.check_build:
-        from dlcomm.launcher.check_build import check_build, format_check_build
-
         print(format_check_build(check_build(mpirun=opts.mpirun), _dlcomm_version()), end="")
         return 0
     if opts.emulate == "down":
