@@ -21,6 +21,12 @@ from typing import Any
 
 import torch
 
+from dlcomm.basics import size
+from dlcomm.torch.heterogeneity.dlcp import make_dlcp_optimizer
+from dlcomm.torch.heterogeneity.dssync import make_dssync_optimizer
+from dlcomm.torch.heterogeneity.lbbsp import BalancedBatchSampler, make_lbbsp_optimizer
+from dlcomm.torch.heterogeneity.mixin import build_mixin
+
 SYNC_MODES = ("bsp", "dssync", "lbbsp")
 _OPTIONS = {
     "bsp": {},
@@ -83,17 +89,6 @@ def resolve_loss_tolerance(loss_tolerance: float | None,
     return float(loss_tolerance)
 
 
-def build_mixin(mixin: type, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """An optimizer of class ``mixin`` + ``optimizer``'s class on the same parameter groups."""
-    base = optimizer.__class__
-    cls = type(base.__name__, (mixin, base), {"_optimizer_class": base})
-    obj = cls.__new__(cls)
-    base.__init__(obj, optimizer.param_groups)
-    obj.defaults = dict(optimizer.defaults)
-    obj.state.update(optimizer.state)
-    return obj
-
-
 def make_sync_optimizer(mode: str, options: dict[str, Any], loss_tolerance: float,
                         optimizer: torch.optim.Optimizer, named_parameters: Any,
                         default: Any, **kwargs: Any) -> torch.optim.Optimizer:
@@ -106,26 +101,17 @@ def make_sync_optimizer(mode: str, options: dict[str, Any], loss_tolerance: floa
     if mode != "bsp" and loss_tolerance > 0:
         raise ValueError(f"loss_tolerance applies to sync='bsp'; got sync={mode!r} too")
     if loss_tolerance > 0:
-        from dlcomm.torch.heterogeneity.dlcp import make_dlcp_optimizer
-
         return make_dlcp_optimizer(optimizer, loss_tolerance)
     if mode == "dssync":
-        from dlcomm.basics import size
-        from dlcomm.torch.heterogeneity.dssync import make_dssync_optimizer
-
         if options["group_size"] >= size():
             opt = default()
             opt.synchronize_globally = lambda: None  # parameters are already identical
             return opt
         return make_dssync_optimizer(optimizer, **options)
     if mode == "lbbsp":
-        from dlcomm.torch.heterogeneity.lbbsp import make_lbbsp_optimizer
-
         return make_lbbsp_optimizer(optimizer, named_parameters, options, **kwargs)
     raise ValueError(f"unknown sync mode {mode!r}")
 
-
-from dlcomm.torch.heterogeneity.lbbsp import BalancedBatchSampler  # noqa: E402
 
 __all__ = ["SYNC_MODES", "BalancedBatchSampler", "build_mixin", "make_sync_optimizer",
            "parse_sync", "resolve_loss_tolerance", "resolve_sync"]

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from dlcomm.heterogeneity.dlcp import BoundedLossExchange, ExchangeStats
+from dlcomm.torch.heterogeneity.mixin import build_mixin
 
 
 class BoundedLossOptimizer:
@@ -66,8 +67,6 @@ class BoundedLossOptimizer:
 def make_dlcp_optimizer(optimizer: torch.optim.Optimizer,
                         loss_tolerance: float) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for bounded-loss gradient exchange (collective construction)."""
-    from dlcomm.torch.heterogeneity import build_mixin
-
     obj = build_mixin(BoundedLossOptimizer, optimizer)
     obj._setup_dlcp(loss_tolerance)
     return obj

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from dlcomm.heterogeneity.dssync import GroupCycle, average_in_group, global_average
+from dlcomm.torch.heterogeneity.mixin import build_mixin
 from dlcomm.torch.mpi_ops import _writeback, to_numpy
 
 
@@ -61,8 +62,6 @@ class DSSyncOptimizer:
 def make_dssync_optimizer(optimizer: torch.optim.Optimizer, group_size: int, seed: int = 0,
                           cycle: int = 8) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for DS-Sync (collective: splits the cycle's group communicators)."""
-    from dlcomm.torch.heterogeneity import build_mixin
-
     obj = build_mixin(DSSyncOptimizer, optimizer)
     obj._setup_dssync(group_size, seed, cycle)
     return obj

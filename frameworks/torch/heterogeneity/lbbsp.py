@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from dlcomm.basics import rank, size
 from dlcomm.heterogeneity.lbbsp import BatchBalancer
+from dlcomm.ops import Sum
+from dlcomm.process_sets import global_process_set
+from dlcomm.torch.schedules.base import build
+from dlcomm.torch.schedules.baseline import NoOverlapSchedule
+from dlcomm.torch.schedules.wfbp import _DistributedOptimizer, _parameter_names
 
 
 def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any,
@@ -31,12 +37,6 @@ def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
 
     ``optimizer.balancer`` is the ``BatchBalancer``; hand it to ``BalancedBatchSampler``.
     """
-    from dlcomm.basics import rank, size
-    from dlcomm.ops import Sum
-    from dlcomm.process_sets import global_process_set
-    from dlcomm.torch.optimizer import _DistributedOptimizer, _parameter_names
-    from dlcomm.torch.schedules.base import build
-
     if process_set is not global_process_set:
         raise ValueError("sync='lbbsp' balances over all ranks; process_set must be global")
     if gradient_predivide_factor != 1.0:
@@ -82,8 +82,6 @@ def _weighted_submit(self: Any, params: list[torch.Tensor], name: str) -> Any:
     """Scale the gradients by ``b_i / B`` and all-reduce them with op Sum: the sum is the
     full-batch gradient. (The engine requires the same prescale on every rank, so the
     rank-specific weight is applied to the gradient before submission.)"""
-    from dlcomm.torch.optimizer import _DistributedOptimizer
-
     _scale_gradients(params, self.balancer.weight)
     return _DistributedOptimizer._submit(self, params, name)
 
@@ -102,14 +100,10 @@ def _balanced_step(self: Any, closure: Any, base_step: Any) -> Any:
 
 def _balanced_wfbp_step(self: Any, closure: Any = None) -> Any:
     """Measure this rank's compute time, wait for the gradients, step, re-size the batches."""
-    from dlcomm.torch.optimizer import _DistributedOptimizer
-
     return _balanced_step(self, closure, _DistributedOptimizer.step)
 
 
 def _weighted_no_overlap() -> type:
-    from dlcomm.torch.schedules.baseline import NoOverlapSchedule
-
     class WeightedNoOverlap(NoOverlapSchedule):
         """The ``none`` schedule with gradients scaled by ``b_i / B`` before the sum."""
 
