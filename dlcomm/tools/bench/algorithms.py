@@ -15,6 +15,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
+from dlcomm.launcher.mpirun_command import build_mpirun_command
+
 MPI_RANK_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 DEFAULT_SIZES = ("4KiB", "1MiB", "16MiB", "64MiB")
 UNITS = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "B": 1}
@@ -88,8 +92,6 @@ def launch(argv: Sequence[str], np: int) -> int:
     initialised MPI as a singleton in this process, which adds Open MPI variables to the
     C-level environment that would make the child mpirun fail silently.
     """
-    from dlcomm.launcher.mpirun_command import build_mpirun_command
-
     env = dict(os.environ)
     command = build_mpirun_command(
         np, [sys.executable, "-m", "dlcomm.tools.bench.algorithms", *argv], env=env
@@ -106,8 +108,7 @@ def time_algorithms(
     Algorithms take turns inside each repeat (round robin), so a burst of load from other
     processes on a shared machine hits all of them alike instead of one.
     """
-    import numpy as np
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     for algorithm in algorithms.values():
         for _ in range(warmup):
@@ -126,9 +127,9 @@ def time_algorithms(
 
 def run_benchmark(args: argparse.Namespace) -> None:
     """Time every algorithm on every size and print the table from rank 0."""
-    import numpy as np
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
+    # MPI start-up: the collectives load the transport.
     from dlcomm.collectives import HierarchicalAllreduce, get_allreduce_algorithm
 
     comm = MPI.COMM_WORLD

@@ -18,7 +18,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from dlcomm.tools.bench.isolation import EngineSwitch
+from dlcomm.tools.bench.machine import describe_machine, load_average
 from dlcomm.tools.bench.peers import check_op_dtype, make_case, results_match
+from dlcomm.tools.bench.plot import plot_busbw
+from dlcomm.tools.bench.table import format_header, format_row, write_json
 from dlcomm.tools.bench.timing import check_counts, summarize_times, time_in_blocks
 from dlcomm.tools.bench.units import algbw, busbw
 
@@ -64,7 +67,7 @@ def _peer_figures(collective: str, nbytes: int, ranks: int, times: np.ndarray,
 def measure_size(opts: CollectiveOptions, nbytes: int, comm: Any,
                  switch: EngineSwitch) -> dict[str, Any]:
     """One row: both peers timed and checked at ``nbytes``; identical on every rank."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     case = make_case(opts.collective, nbytes, opts.dtype, opts.op, comm, root=opts.root)
     ops = [case.run_dlcomm] + ([case.run_raw] if case.run_raw is not None else [])
@@ -110,10 +113,7 @@ def run_collective_benchmark(opts: CollectiveOptions, out: TextIO | None = None
     Initialises dlcomm if needed (and shuts it down again if it did). The raw peer runs on
     a duplicate of MPI's world, so its messages never mix with dlcomm's.
     """
-    from mpi4py import MPI
-
-    from dlcomm.tools.bench.machine import describe_machine, load_average
-    from dlcomm.tools.bench.table import format_header, format_row
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     opts.validate()
     switch = EngineSwitch()
@@ -157,15 +157,11 @@ def main_collective(opts: CollectiveOptions, json_path: str | None = None,
                     plot_path: str | None = None) -> int:
     """Run the benchmark on this rank; rank 0 writes JSON and the plot. Exit code 1 on FAIL."""
     result = run_collective_benchmark(opts, sys.stdout)
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     if MPI.COMM_WORLD.Get_rank() == 0:
         if json_path:
-            from dlcomm.tools.bench.table import write_json
-
             write_json(result, json_path)
         if plot_path:
-            from dlcomm.tools.bench.plot import plot_busbw
-
             plot_busbw([result], plot_path)
     return 0 if result["all_ok"] else 1

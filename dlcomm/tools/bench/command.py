@@ -12,7 +12,12 @@ import argparse
 import importlib
 import sys
 
-from dlcomm.tools.bench.units import COLLECTIVES, parse_size, parse_size_list
+from dlcomm.tools.bench.arguments import count_arg, size_arg, size_list_arg
+from dlcomm.tools.bench.collective import CollectiveOptions, main_collective
+from dlcomm.tools.bench.fusion import FusionOptions, main_fusion
+from dlcomm.tools.bench.peers import DTYPES, OPS
+from dlcomm.tools.bench.report import main_report
+from dlcomm.tools.bench.units import COLLECTIVES, parse_size, size_range
 
 NAME = "bench"
 EXIT_NOT_AVAILABLE = 2
@@ -27,35 +32,6 @@ EXTERNAL_ACTIONS: dict[str, str] = {
 }
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _size_list(text: str) -> list[int]:
-    try:
-        return parse_size_list(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def count_arg(minimum: int):  # noqa: ANN202 - an argparse type function
-    """An argparse type: a whole number >= ``minimum`` (for `dlcomm bench` actions)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
 def _add_block(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block", type=count_arg(1), default=5, metavar="N",
                    help="peers alternate in blocks of N timed iterations, each after the "
@@ -63,20 +39,18 @@ def _add_block(p: argparse.ArgumentParser) -> None:
 
 
 def _add_collective(actions: argparse._SubParsersAction, collective: str) -> None:
-    from dlcomm.tools.bench.peers import DTYPES, OPS
-
     p = actions.add_parser(
         collective, help=f"{collective} bandwidth per size, dlcomm against raw mpi4py",
         description=f"Time dlcomm's {collective} and the raw mpi4py call on the same buffers "
         "for each size (run under dlcommrun; rank 0 prints). algbw = bytes / time; busbw as "
         "nccl-tests defines it.")
-    p.add_argument("-b", "--minbytes", type=_size, default=parse_size("4K"), metavar="SIZE",
+    p.add_argument("-b", "--minbytes", type=size_arg, default=parse_size("4K"), metavar="SIZE",
                    help="smallest size, e.g. 8, 1K, 4M (default 4K)")
-    p.add_argument("-e", "--maxbytes", type=_size, default=parse_size("64M"), metavar="SIZE",
+    p.add_argument("-e", "--maxbytes", type=size_arg, default=parse_size("64M"), metavar="SIZE",
                    help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=count_arg(1), default=4, metavar="F",
                    help="multiply the size by F each step (default 4)")
-    p.add_argument("--sizes", type=_size_list, default=None, metavar="LIST",
+    p.add_argument("--sizes", type=size_list_arg, default=None, metavar="LIST",
                    help="explicit sizes instead of -b/-e/-f, e.g. 4K,64M")
     p.add_argument("-w", "--warmup", type=count_arg(0), default=3, metavar="N",
                    help="untimed warm-up iterations per size (default 3)")
@@ -101,7 +75,7 @@ def _add_fusion(actions: argparse._SubParsersAction) -> None:
         "with grouped_allreduce, with one raw Allreduce of the same bytes concatenated, and "
         "with N raw Allreduce calls (run under dlcommrun; rank 0 prints).")
     p.add_argument("--tensors", type=count_arg(1), default=200, help="N (default 200)")
-    p.add_argument("--tensor-bytes", type=_size, default=40_000, metavar="SIZE",
+    p.add_argument("--tensor-bytes", type=size_arg, default=40_000, metavar="SIZE",
                    help="bytes per tensor (default 40000)")
     p.add_argument("-w", "--warmup", type=count_arg(0), default=3, metavar="N",
                    help="untimed warm-up iterations (default 3)")
@@ -168,9 +142,6 @@ def _argv() -> list[str]:
 
 def run_collective(args: argparse.Namespace) -> int:
     """Handler of the five collective actions."""
-    from dlcomm.tools.bench.collective import CollectiveOptions, main_collective
-    from dlcomm.tools.bench.units import size_range
-
     sizes = args.sizes or size_range(args.minbytes, args.maxbytes, args.stepfactor)
     opts = CollectiveOptions(args.collective, sizes, args.warmup, args.iters, args.dtype,
                              args.op, args.root, args.block, _argv())
@@ -180,8 +151,6 @@ def run_collective(args: argparse.Namespace) -> int:
 
 def run_fusion(args: argparse.Namespace) -> int:
     """Handler of ``dlcomm bench fusion``."""
-    from dlcomm.tools.bench.fusion import FusionOptions, main_fusion
-
     opts = FusionOptions(args.tensors, args.tensor_bytes, args.warmup, args.iters,
                          args.dtype, args.block, _argv())
     opts.validate()
@@ -190,7 +159,5 @@ def run_fusion(args: argparse.Namespace) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     """Handler of ``dlcomm bench report``."""
-    from dlcomm.tools.bench.report import main_report
-
     return main_report(args.output, np=args.np, only=args.only, quick=args.quick,
                        list_only=args.list)

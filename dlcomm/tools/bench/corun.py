@@ -20,6 +20,10 @@ import statistics
 import time
 from typing import Any
 
+import numpy as np
+
+from dlcomm.tools.bench.arguments import count_arg
+
 KERNELS = ("cnn", "matmul")
 _ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -28,12 +32,10 @@ def make_block(kernel: str, batch: int, size: int) -> Any:
     """A callable running one compute block: the demo-shaped CNN's forward and backward on
     ``batch`` 28x28 images, or a ``size`` x ``size`` float32 matrix product."""
     if kernel == "matmul":
-        import numpy as np
-
         a = np.random.default_rng(0).random((size, size), dtype=np.float32)
         return lambda: a @ a
-    import torch
-    import torch.nn.functional as F
+    import torch  # noqa: PLC0415 - optional dependency
+    import torch.nn.functional as F  # noqa: PLC0415 - optional dependency
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -137,7 +139,6 @@ def text_table(rows: list[dict[str, Any]], copies: int) -> str:
 def add_block_arguments(p: argparse.ArgumentParser) -> None:
     """``--kernel``, ``--batch`` and ``--size``: the compute block of ``make_block`` (shared
     by ``corun`` and ``roundtrip``)."""
-    from dlcomm.tools.bench.command import count_arg
 
     p.add_argument("--kernel", default="cnn", choices=KERNELS,
                    help="cnn: the demo-shaped CNN's forward+backward (needs torch); matmul: "
@@ -166,7 +167,6 @@ def block_description(args: argparse.Namespace) -> str:
 
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench corun``."""
-    from dlcomm.tools.bench.command import count_arg
 
     p = actions.add_parser(
         "corun", help="a compute block alone against several copies at once on this machine "

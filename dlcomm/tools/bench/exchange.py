@@ -20,6 +20,12 @@ import statistics
 import time
 from typing import Any
 
+import numpy as np
+
+from dlcomm.heterogeneity.dlcp import BoundedLossExchange
+from dlcomm.tools.bench.arguments import count_arg
+from dlcomm.tools.emulation.link_monitor import LinkMonitor, summarize_window
+
 # The demo CNN's parameter sizes (examples/torch_mnist.py, 28x28 inputs): 0.83 MB of float32.
 DEMO_CNN_SIZES = (144, 16, 4608, 32, 200704, 128, 1280, 10)
 PROTECT_BELOW = 1024  # the torch adapter never drops vectors and tensors this small
@@ -65,11 +71,8 @@ def run(comm: Any, sizes: list[int], algorithms: list[str], tolerances: list[flo
         iters: int, warmup: int, blocks: int,
         monitor_host: int | None) -> list[dict[str, Any]]:
     """Every rank: time each peer's blocks; rank 0 gets the rows (others an empty list)."""
-    import numpy as np
-
+    # MPI start-up: the collectives load the transport.
     from dlcomm.collectives.registry import get_allreduce_algorithm
-    from dlcomm.heterogeneity.dlcp import BoundedLossExchange
-    from dlcomm.tools.emulation.link_monitor import LinkMonitor, summarize_window
 
     flat = np.random.default_rng(comm.rank).standard_normal(sum(sizes)).astype(np.float32)
     out = np.empty_like(flat)
@@ -150,7 +153,6 @@ def text_table(rows: list[dict[str, Any]], host: int | None) -> str:
 
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench exchange``."""
-    from dlcomm.tools.bench.command import count_arg
 
     p = actions.add_parser(
         "exchange", help="DLCP's bounded-loss exchange against MPI's all-reduce (run under "

@@ -24,8 +24,12 @@ from typing import Any, TextIO
 
 import numpy as np
 
+import dlcomm
+from dlcomm.tools.bench.collective import timing_text
 from dlcomm.tools.bench.isolation import EngineSwitch
+from dlcomm.tools.bench.machine import describe_machine, load_average
 from dlcomm.tools.bench.peers import rank_input, reduce_reference, results_match
+from dlcomm.tools.bench.table import write_json
 from dlcomm.tools.bench.timing import check_counts, summarize_times, time_in_blocks
 
 ASYNC = "dlcomm async"
@@ -68,8 +72,6 @@ class FusionOptions:
 def _make_peers(opts: FusionOptions, comm: Any) -> tuple[dict[str, Callable[[], list]],
                                                           list[np.ndarray], Callable[[], None]]:
     """The four ways to all-reduce the tensors, the expected results, and an output reset."""
-    import dlcomm
-
     dt = np.dtype(opts.dtype)
     count = opts.tensor_bytes // dt.itemsize
     rank, n = comm.Get_rank(), comm.Get_size()
@@ -112,10 +114,7 @@ def _make_peers(opts: FusionOptions, comm: Any) -> tuple[dict[str, Callable[[], 
 
 def run_fusion_benchmark(opts: FusionOptions, out: TextIO | None = None) -> dict[str, Any]:
     """Measure the four peers; rank 0 prints a table to ``out``. Returns the result dict."""
-    from mpi4py import MPI
-
-    from dlcomm.tools.bench.collective import timing_text
-    from dlcomm.tools.bench.machine import describe_machine, load_average
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     opts.validate()
     switch = EngineSwitch()
@@ -201,7 +200,5 @@ def main_fusion(opts: FusionOptions, json_path: str | None = None) -> int:
     """Run on this rank; rank 0 writes the JSON. Exit code 1 when a result is wrong."""
     result = run_fusion_benchmark(opts, sys.stdout)
     if json_path and result["machine"] is not None:
-        from dlcomm.tools.bench.table import write_json
-
         write_json(result, json_path)
     return 0 if result["all_ok"] else 1

@@ -195,7 +195,7 @@ def _check_positive(name: str, value: Any) -> int:
 def fusion_inputs(tensors: int, tensor_bytes: int, rank: int) -> list[Any]:
     """Rank ``rank``'s ``tensors`` float32 tensors of ``tensor_bytes`` each: small integers
     (``(i + t) mod 4 + rank mod 3``) so every sum is exact."""
-    import torch
+    import torch  # noqa: PLC0415 - optional dependency
 
     _check_positive("tensors", tensors)
     if _check_positive("tensor_bytes", tensor_bytes) < 4:
@@ -217,7 +217,7 @@ def fusion_reference(tensors: int, tensor_bytes: int, ranks: int) -> list[Any]:
 
 def _fusion_runners(hvd: Any, prefix: str, inputs: list[Any]) -> dict[str, Callable[[], list]]:
     """The two ways of all-reducing ``inputs`` through the Horovod-style module ``hvd``."""
-    import torch
+    import torch  # noqa: PLC0415 - optional dependency
 
     names = [f"{prefix}.fusion.{i}" for i in range(len(inputs))]
     sizes = [t.numel() for t in inputs]
@@ -235,7 +235,7 @@ def _fusion_runners(hvd: Any, prefix: str, inputs: list[Any]) -> dict[str, Calla
 
 def _time_slowest(comm: Any, fn: Callable[[], Any]) -> tuple[float, Any]:
     """Seconds ``fn`` took on the slowest rank, starting from a barrier; and its result."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     comm.Barrier()
     start = time.perf_counter()
@@ -253,7 +253,7 @@ def run_fusion(tensors: int = 200, tensor_bytes: int = 40_000, warmup: int = 3,
     against ``fusion_reference``. Returns {framework: {way: [seconds per iteration]}} plus
     the settings; times are the slowest rank's.
     """
-    import torch
+    import torch  # noqa: PLC0415 - optional dependency
 
     _check_positive("warmup", warmup)
     _check_positive("iters", iters)
@@ -337,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RecipeError, TypeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(format_fusion(result), flush=True)

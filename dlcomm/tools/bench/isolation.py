@@ -8,13 +8,13 @@ had already initialised dlcomm leaves the engine running (and says so in its res
 """
 from __future__ import annotations
 
+import dlcomm
+
 
 class EngineSwitch:
     """``start()`` / ``stop()`` dlcomm's engine, stopping only an engine this benchmark owns."""
 
     def __init__(self) -> None:
-        import dlcomm
-
         self.owned = not dlcomm.is_initialized()
         dlcomm.init()
 
@@ -25,13 +25,9 @@ class EngineSwitch:
 
     def start(self) -> None:
         """Make sure dlcomm is initialised (collective: every rank calls it together)."""
-        import dlcomm
-
         dlcomm.init()
 
     def stop(self) -> None:
         """Shut dlcomm down, if this benchmark started it (collective)."""
-        import dlcomm
-
         if self.owned:
             dlcomm.shutdown()

@@ -12,6 +12,7 @@ import platform
 import re
 import shutil
 import subprocess
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,6 @@ def open_mpi_version(mpirun: str = "mpirun") -> str:
 
 def package_version(name: str) -> str:
     """An installed package's version, or ``not installed``."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(name)
     except PackageNotFoundError:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+import dlcomm
 from dlcomm.tools.bench.units import COLLECTIVES
 
 OPS = ("sum", "average", "min", "max", "product")
@@ -96,21 +97,20 @@ def results_match(result: Any, expected: np.ndarray) -> bool:
 
 
 def _mpi_op(op: str) -> Any:
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     return {"sum": MPI.SUM, "average": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX,
             "product": MPI.PROD}[op]
 
 
 def _dlcomm_op(op: str) -> Any:
-    import dlcomm
-
     return {"sum": dlcomm.Sum, "average": dlcomm.Average, "min": dlcomm.Min,
             "max": dlcomm.Max, "product": dlcomm.Product}[op]
 
 
 def _raw_support(dtype: np.dtype) -> str:
     """Empty when mpi4py has an MPI datatype for ``dtype``, else the reason it has none."""
+    # MPI start-up: importing mpi4py.MPI initialises MPI.
     from mpi4py.util import dtlib
 
     try:
@@ -133,7 +133,6 @@ def make_case(collective: str, nbytes: int, dtype: Any, op: str, comm: Any, *,
     rank, n = comm.Get_rank(), comm.Get_size()
     if isinstance(root, bool) or not isinstance(root, numbers.Integral) or not 0 <= root < n:
         raise ValueError(f"root must be a rank in [0, {n}), got {root!r}")
-    import dlcomm
 
     count = element_count(collective, nbytes, dt.itemsize, n)
     name = name or f"bench.{collective}.{count * dt.itemsize}"

@@ -23,10 +23,10 @@ def plot_busbw(results: Sequence[dict[str, Any]], path: str | Path,
     """
     if isinstance(results, dict) or not results:
         raise TypeError("results must be a non-empty list of benchmark result dicts")
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - optional dependency (the bench extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - optional dependency (the bench extra)
 
     several = len(results) > 1
     fig, ax = plt.subplots(figsize=(7, 4.2))

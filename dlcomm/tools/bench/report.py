@@ -23,9 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlcomm.tools.bench import train
+from dlcomm.tools.bench.fusion import ASYNC, RAW_CONCAT, RAW_SEPARATE, markdown_fusion
 from dlcomm.tools.bench.machine import describe_machine, format_machine, load_average
+from dlcomm.tools.bench.plot import plot_busbw
 from dlcomm.tools.bench.table import format_ratio, format_us, markdown_table, read_json
 from dlcomm.tools.bench.units import format_size
+from dlcomm.tools.emulation.netns import EmulationError, require_privileges
 
 EMULATED_SPEC = "4x1gbit"
 MODULE_LAUNCHER = "dlcomm.launcher.dlcommrun"  # the dlcommrun console script
@@ -194,8 +198,6 @@ def section_latency(ctx: ReportContext) -> Section:
 
 def section_fusion(ctx: ReportContext) -> Section:
     """200 async tensors of 40 KB against one concatenated raw call and 200 separate ones."""
-    from dlcomm.tools.bench.fusion import ASYNC, RAW_CONCAT, RAW_SEPARATE, markdown_fusion
-
     title = f"Tensor fusion: many small async all-reduces ({ctx.np} ranks, shared memory)"
     args = (["--tensors", "20", "-w", "1", "-n", "2"] if ctx.quick
             else ["--tensors", "200", "--tensor-bytes", "40000", "-w", "1", "-n", "30",
@@ -245,10 +247,6 @@ def section_collectives_shm(ctx: ReportContext) -> Section:
 def emulation_unavailable() -> str:
     """Why the emulated cluster cannot run here, or an empty string when it can."""
     try:
-        from dlcomm.tools.emulation.netns import EmulationError, require_privileges
-    except ImportError as exc:  # pragma: no cover - emulation module missing
-        return f"the emulation module is missing ({exc})"
-    try:
         require_privileges()
     except EmulationError as exc:
         return str(exc)
@@ -289,8 +287,6 @@ def section_allreduce_emulated(ctx: ReportContext) -> Section:
 def section_train(ctx: ReportContext) -> Section:
     """Training throughput of the torch adapter, dense against fp16, with scaling efficiency
     against one rank: on shared memory, and on the emulated cluster when it is available."""
-    from dlcomm.tools.bench.train import markdown_table, measure, plot
-
     title = "Training throughput: dense against fp16 compression"
     iters = 2 if ctx.quick else 5
     command = (f"dlcomm bench train --np {ctx.np} --model mlp --configs none,fp16 "
@@ -302,17 +298,19 @@ def section_train(ctx: ReportContext) -> Section:
     for where, emulate in runs:
         load = os.getloadavg()
         try:
-            rows = measure(ctx.np, "mlp", ["none", "fp16"], ["wfbp"], 32, iters, emulate)
+            rows = train.measure(ctx.np, "mlp", ["none", "fp16"], ["wfbp"], 32, iters,
+                                 emulate)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             parts.append(f"### {where}\n\nFailed: {exc}\n")
             continue
         name = f"train_{'emulated' if emulate else 'shm'}.png"
-        plot(rows, str(ctx.assets / name))
+        train.plot(rows, str(ctx.assets / name))
         cmd = command + (f" --emulate {emulate}" if emulate else "")
         parts.append(f"### {where}\n\n    {cmd}\n\nLoad average before: {load[0]:.1f}. "
                      f"Model `mlp` (6.3M parameters, 25 MB of gradients per step), batch 32 "
                      f"per rank. Scaling efficiency is N-rank samples/s over N times one "
-                     f"rank's.\n\n{markdown_table(rows)}\n![{where}]({ctx.assets.name}/{name})\n")
+                     f"rank's.\n\n{train.markdown_table(rows)}\n"
+                     f"![{where}]({ctx.assets.name}/{name})\n")
     return Section(title, "\n".join(parts))
 
 
@@ -328,8 +326,6 @@ SECTIONS: dict[str, SectionFunction] = {
 
 def _plot(ctx: ReportContext, results: list[dict[str, Any]], name: str, title: str) -> str:
     """Draw busbw against size into the assets folder; return the Markdown image link."""
-    from dlcomm.tools.bench.plot import plot_busbw
-
     path = plot_busbw(results, ctx.assets / name, title)
     rel = os.path.relpath(path, ctx.output.parent)
     return f"\n![{title}]({rel})\n"

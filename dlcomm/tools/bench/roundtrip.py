@@ -22,6 +22,16 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
+from dlcomm.tools.bench.arguments import count_arg
+from dlcomm.tools.bench.corun import (
+    add_block_arguments,
+    block_description,
+    make_block,
+    require_kernel,
+)
+
 DEMO_FC2_BYTES = 5160  # the demo CNN's last layer (weight and bias), its first all-reduce
 
 
@@ -59,8 +69,7 @@ class _Computing:
 def time_allreduces(comm: Any, nbytes: int, iters: int, pause: float) -> list[float]:
     """Seconds of ``iters`` blocking float32 all-reduces of ``nbytes``, each started after a
     barrier and followed by ``pause`` seconds (as steps are spaced by computation)."""
-    import numpy as np
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     buf = np.ones(max(1, nbytes // 4), dtype=np.float32)
     times = []
@@ -78,8 +87,6 @@ def measure(comm: Any, block: Any, nbytes: int, iters: int, rounds: int,
     """``rounds`` rounds of idle and busy (idle first in rounds 1, 3, ...); every rank
     returns the rows with each all-reduce's time as the slowest rank's. A compute block that
     fails on any rank raises the same RuntimeError on every rank."""
-    import numpy as np
-
     rows = []
     for r in range(rounds):
         row: dict[str, Any] = {"round": r + 1}
@@ -123,9 +130,6 @@ def text_table(rows: list[dict[str, Any]]) -> str:
 
 def register(actions: argparse._SubParsersAction) -> None:
     """Add ``dlcomm bench roundtrip``."""
-    from dlcomm.tools.bench.command import count_arg
-    from dlcomm.tools.bench.corun import add_block_arguments
-
     p = actions.add_parser(
         "roundtrip", help="a small all-reduce with the ranks idle against while they compute "
         "(run under dlcommrun; rank 0 prints)",
@@ -145,8 +149,6 @@ def register(actions: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from mpi4py import MPI  # no dlcomm engine: only the measured all-reduces on the links
-
-    from dlcomm.tools.bench.corun import block_description, make_block, require_kernel
 
     require_kernel(args.kernel)
     comm = MPI.COMM_WORLD

@@ -54,7 +54,7 @@ def time_interleaved(ops: Sequence[Callable[[], Any]], comm: Any, warmup: int, i
             if i >= warmup:
                 local[k, i - warmup] = elapsed
     slowest = np.empty_like(local)
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     comm.Allreduce(local, slowest, op=MPI.MAX)
     return slowest
@@ -97,7 +97,7 @@ def time_in_blocks(ops: Sequence[Callable[[], Any]], comm: Any, warmup: int, ite
                     local[k, done + i - warmup] = elapsed
         done += count
     slowest = np.empty_like(local)
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     comm.Allreduce(local, slowest, op=MPI.MAX)
     return slowest

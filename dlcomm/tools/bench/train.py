@@ -112,10 +112,10 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:
     """A bar chart of total samples/s per configuration."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - optional dependency (the bench extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - optional dependency (the bench extra)
 
     labels = [f"{r['compression']}\n{r['schedule']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(rows)), 3.5))

@@ -13,11 +13,12 @@ import socket
 import sys
 import time
 
+import numpy as np
+
 
 def main(argv: list[str] | None = None) -> int:
     """Measure float32 SUM Allreduce for each size; rank 0 prints one JSON line per size."""
-    import numpy as np
-    from mpi4py import MPI
+    from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("sizes", nargs="+", type=int, help="message sizes in bytes")

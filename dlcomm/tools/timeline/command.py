@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import argparse
 
+from dlcomm.tools.timeline.plot import plot_timeline
+from dlcomm.tools.timeline.summary import format_summary, load_trace, summarize
+
 NAME = "timeline"
 
 
@@ -32,17 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_summary(args: argparse.Namespace) -> int:
     """Print the phase and tensor tables."""
-    from dlcomm.tools.timeline.summary import format_summary, load_trace, summarize
-
     print(format_summary(summarize(load_trace(args.paths)), top=args.top), end="")
     return 0
 
 
 def run_plot(args: argparse.Namespace) -> int:
     """Write the Gantt chart and say where."""
-    from dlcomm.tools.timeline.plot import plot_timeline
-    from dlcomm.tools.timeline.summary import load_trace
-
     out = plot_timeline(load_trace(args.paths), args.output, max_rows=args.max_rows)
     print(f"wrote {out}")
     return 0

@@ -31,11 +31,12 @@ def plot_timeline(trace: Trace, out_path: str | Path, max_rows: int = MAX_ROWS) 
         raise ValueError(f"cannot write {str(out_path)!r}: folder {str(out_path.parent)!r} "
                          "does not exist")
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - optional dependency (the bench extra)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
+        # Optional dependency (the bench extra), as above.
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+        from matplotlib.patches import Patch  # noqa: PLC0415
     except ImportError as exc:
         raise ValueError("plotting needs matplotlib: pip install matplotlib") from exc
 
