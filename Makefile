@@ -26,15 +26,18 @@ demo: install
 	dlcommrun -np $(NP) $(PYTHON) examples/torch_mnist.py --epochs 5
 
 # MXNet's tests run first, in their own numpy-1.x venv (test-mxnet); the main run skips them.
-test: install-test install-tensorflow test-mxnet
+# The lint (ruff and the layers contract) runs before the tests.
+test: install-test install-tensorflow lint test-mxnet
 	$(PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 --durations=12 tests \
 	  --ignore-glob='tests/test_mxnet*' $(PYTEST_ARGS)
 
 bench: install
 	$(PYTHON) -m dlcomm.cli.main bench report --output docs/benchmarks.md
 
+# ruff, then the import-linter contracts of .importlinter (the layers) and no import cycle.
 lint:
 	$(PYTHON) -m ruff check .
+	$(PYTHON) tests/check_layers.py
 
 knobs-doc:
 	$(PYTHON) -m dlcomm.config docs/knobs.md
