@@ -29,7 +29,7 @@ demo: install
 # The lint (ruff and the layers contract) runs before the tests.
 test: install-test install-tensorflow lint test-mxnet
 	$(PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 --durations=12 tests \
-	  --ignore-glob='tests/test_mxnet*' $(PYTEST_ARGS)
+	  --ignore-glob='tests/*/test_mxnet*' $(PYTEST_ARGS)
 
 bench: install
 	$(PYTHON) -m dlcomm.cli.main bench report --output docs/benchmarks.md
@@ -65,7 +65,8 @@ bench-peers: install
 	@uptime
 
 # TensorFlow (docs/tensorflow.md): tensorflow-cpu 2.21.0 with Keras 3 into the active Python
-# (the `tensorflow` extra). tests/test_tensorflow_multirank.py fails under CI=true without it.
+# (the `tensorflow` extra). tests/multirank/test_tensorflow_multirank.py fails under CI=true
+# without it.
 install-tensorflow: install-mpi
 	$(PIP) install -q -e '.[tensorflow]'
 
@@ -91,7 +92,7 @@ install-mxnet: install-mpi $(MXNET_PYTHON)
 	DLCOMM_BUILD_NATIVE=0 $(MXNET_PYTHON) -m pip install -q --no-deps -e .
 
 test-mxnet: install-mxnet
-	$(MXNET_PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests/test_mxnet*.py $(PYTEST_ARGS)
+	$(MXNET_PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests/*/test_mxnet*.py $(PYTEST_ARGS)
 
 demo-mxnet: install-mxnet
 	$(MXNET_VENV)/bin/dlcommrun -np 2 $(MXNET_PYTHON) examples/gluon_mnist.py

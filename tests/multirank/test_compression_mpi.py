@@ -13,7 +13,7 @@ SCRIPT = r'''
 import numpy as np
 from mpi4py import MPI
 from dlcomm.compression import MPICommAdapter, compressed_allreduce, get_compressor
-from test_compression_reference import (
+from compression_reference import (
     ALL_SPECS, acpsgd_steps, gtopk_steps, powersgd_step0, signum_vote, simulate,
 )
 

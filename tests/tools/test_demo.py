@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from mpi_run import run_mpi
+from mpi_run import REPO, run_mpi
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("extra", [

@@ -13,16 +13,14 @@ import sys
 import time
 import types
 import uuid
-from pathlib import Path
 
 import pytest
+from mpi_run import REPO
 
 from dlcomm.launcher import check_build as cb
 from dlcomm.launcher import dlcommrun
 from dlcomm.launcher.dlcommrun import UsageError, main, parse_args
 from dlcomm.launcher.mpirun_command import build_mpirun_command, last_flag_wins
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def launcher_env() -> dict[str, str]:

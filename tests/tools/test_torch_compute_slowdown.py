@@ -6,17 +6,15 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from mpi_run import REPO
 from netns_available import needs_netns
 
 torch = pytest.importorskip("torch")
 
 from dlcomm.tools.emulation.compute_slowdown import ComputeSlowdown, ComputeStraggler  # noqa: E402
 from dlcomm.tools.emulation.torch_slowdown import spread_over  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class Counter:

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from test_compression_reference import (
+from compression_reference import (
     ALL_SPECS,
     acpsgd_steps,
     efsign_average,
@@ -15,6 +13,8 @@ from test_compression_reference import (
     simulate,
     topk_dense,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dlcomm.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 from dlcomm.compression import (

@@ -1,5 +1,6 @@
 """Knobs: defaults, environment variables, arguments, and errors naming the source."""
 import pytest
+from mpi_run import REPO
 
 from dlcomm.config import KNOBS, knobs_markdown, load_config, parse_bytes
 
@@ -46,11 +47,10 @@ def test_every_knob_is_in_the_docs_table():
 
 def test_docs_knobs_md_holds_the_current_table():
     """docs/knobs.md is regenerated with `make knobs-doc` whenever a knob changes."""
-    from pathlib import Path
 
     from dlcomm.config import with_knobs_table
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "knobs.md").read_text()
+    doc = (REPO / "docs" / "knobs.md").read_text()
     assert knobs_markdown() in doc, "docs/knobs.md is stale: run `make knobs-doc`"
     assert with_knobs_table(doc) == doc
     with pytest.raises(ValueError, match="no knob table"):
