@@ -1,6 +1,6 @@
 """dlcomm's C++ kernels (``native/*.cpp``, built by setup.py as ``dlcomm._native``) for numpy.
 
-Each function here equals a numpy reference bit for bit (``tests/test_native.py``) and runs
+Each function here equals a numpy reference bit for bit (``tests/unit/test_kernels.py``) and runs
 the reference itself when the library is not built, was disabled with ``DLCOMM_NATIVE=0``, or
 is given arrays it does not handle. So callers need no branch of their own; ``available()``
 tells whether the kernels are in use. ``DLCOMM_NATIVE_THREADS`` (or ``set_num_threads``) sets

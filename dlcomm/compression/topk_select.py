@@ -133,7 +133,7 @@ def native_topk_with_residual(
     """Approximate top-k of ``acc = grad + residual`` and the error-feedback residual, fused.
 
     Returns (values, indices, new_residual) equal to ``approx_topk_indices(acc, k)`` with
-    ``acc.flat[idx]`` and ``acc - scatter(values)`` (tests/test_native.py), computed by the
+    ``acc.flat[idx]`` and ``acc - scatter(values)`` (tests/unit/test_kernels.py), computed by the
     native kernels without materialising ``acc``; None when they do not apply (not numpy,
     not float32/64, library not built, exact selection needed), so the caller runs the
     reference instead.
