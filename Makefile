@@ -26,15 +26,18 @@ demo: install
 	dlcommrun -np $(NP) $(PYTHON) examples/torch_mnist.py --epochs 5
 
 # MXNet's tests run first, in their own numpy-1.x venv (test-mxnet); the main run skips them.
-test: install-test install-tensorflow test-mxnet
+# The lint (ruff and the layers contract) runs before the tests.
+test: install-test install-tensorflow lint test-mxnet
 	$(PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 --durations=12 tests \
-	  --ignore-glob='tests/test_mxnet*' $(PYTEST_ARGS)
+	  --ignore-glob='tests/*/test_mxnet*' $(PYTEST_ARGS)
 
 bench: install
 	$(PYTHON) -m dlcomm.cli.main bench report --output docs/benchmarks.md
 
+# ruff, then the import-linter contracts of .importlinter (the layers) and no import cycle.
 lint:
 	$(PYTHON) -m ruff check .
+	$(PYTHON) tests/check_layers.py
 
 knobs-doc:
 	$(PYTHON) -m dlcomm.config docs/knobs.md
@@ -50,7 +53,7 @@ PEER_REPEATS ?= 3
 PEER_MODELS ?= mlp cnn
 
 bench-peers: install
-	$(PYTHON) -m dlcomm.bench.horovod_peer install-horovod --version $(HOROVOD_VERSION)
+	$(PYTHON) -m dlcomm.tools.bench.horovod_peer install-horovod --version $(HOROVOD_VERSION)
 	@uptime
 	@for model in $(PEER_MODELS); do for order in horovod,dlcomm dlcomm,horovod; do \
 	  for i in $$(seq $(PEER_REPEATS)); do \
@@ -58,7 +61,7 @@ bench-peers: install
 	    dlcommrun -np $(NP) $(PYTHON) examples/torch_synthetic_benchmark.py \
 	      --framework $$order --model $$model || exit 1; \
 	  done; done; done
-	dlcommrun -np $(NP) $(PYTHON) -m dlcomm.bench.horovod_peer fusion
+	dlcommrun -np $(NP) $(PYTHON) -m dlcomm.tools.bench.horovod_peer fusion
 	@uptime
 
 # Federated learning (docs/fl.md): dlcomm's simulation against Flower's (flwr[simulation],
@@ -80,7 +83,8 @@ bench-fl: install
 	  --ranks $(NP) --rounds 50
 
 # TensorFlow (docs/tensorflow.md): tensorflow-cpu 2.21.0 with Keras 3 into the active Python
-# (the `tensorflow` extra). tests/test_tensorflow_multirank.py fails under CI=true without it.
+# (the `tensorflow` extra). tests/multirank/test_tensorflow_multirank.py fails under CI=true
+# without it.
 install-tensorflow: install-mpi
 	$(PIP) install -q -e '.[tensorflow]'
 
@@ -106,7 +110,7 @@ install-mxnet: install-mpi $(MXNET_PYTHON)
 	DLCOMM_BUILD_NATIVE=0 $(MXNET_PYTHON) -m pip install -q --no-deps -e .
 
 test-mxnet: install-mxnet
-	$(MXNET_PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests/test_mxnet*.py $(PYTEST_ARGS)
+	$(MXNET_PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests/*/test_mxnet*.py $(PYTEST_ARGS)
 
 demo-mxnet: install-mxnet
 	$(MXNET_VENV)/bin/dlcommrun -np 2 $(MXNET_PYTHON) examples/gluon_mnist.py

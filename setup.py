@@ -55,8 +55,11 @@ setup(
         "mxnet": ["mxnet==1.9.1"],
         "cupy": ["cupy-cuda12x", "nvidia-nccl-cu12"],
         # cupy + nvidia-nccl-cu12 let the tests exchange a real NCCL unique id without a GPU.
+        # import-linter checks the layers (.importlinter, tests/check_layers.py, make lint);
+        # grimp is its import-graph library, also used for the import-cycle check.
         "test": ["pytest>=7", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "tqdm",
-                 "mlxtend", "cupy-cuda12x", "nvidia-nccl-cu12", "optuna>=4,<6"],
+                 "mlxtend", "cupy-cuda12x", "nvidia-nccl-cu12", "optuna>=4,<6",
+                 "import-linter==2.16", "grimp==3.19"],
         # Bayesian optimisation for DLCOMM_AUTOTUNE (GPSampler needs optuna >= 3.6;
         # scikit-optimize is archived).
         "autotune": ["optuna>=4,<6"],

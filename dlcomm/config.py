@@ -105,14 +105,15 @@ KNOBS: tuple[Knob, ...] = (
          "fused error-feedback selection); 0 falls back to numpy.", where="import"),
     Knob("native_threads", 0, lambda t: int(t),
          "OpenMP threads of the native kernels (0: cores divided by ranks on the host).",
-         where="dlcomm.native.set_num_threads"),
+         where="dlcomm.kernels.set_num_threads"),
     Knob("build_native", True, parse_bool,
          "Build the native kernels during pip install (0 skips; numpy is used instead).",
          where="setup.py"),
-    Knob("allreduce_algorithm", "native", str,
-         "All-reduce algorithm of dlcomm.collectives: native (MPI's own), ring, rhd, tree, "
-         "hierarchical (see docs/collectives.md). ring kept one slow link busy where native "
-         "left it idle a quarter of the time (docs/heterogeneity.md, DLCP fifth round).",
+    Knob("allreduce_algorithm", "mpi", str,
+         "All-reduce algorithm of dlcomm.collectives: mpi (MPI's own; 'native' is accepted "
+         "too), ring, rhd, tree, hierarchical (see docs/collectives.md). ring kept one slow "
+         "link busy where MPI's own left it idle a quarter of the time (docs/heterogeneity.md, "
+         "DLCP fifth round).",
          where="get_allreduce_algorithm"),
     Knob("hierarchical_leader_algorithm", "ring", str,
          "Algorithm among host leaders inside the hierarchical all-reduce.",

@@ -18,10 +18,13 @@ import torch
 import torch.nn.functional as F
 
 import dlcomm.torch as hvd  # dlcomm
-from dlcomm.bench.machine import steal_seconds
-from dlcomm.bench.step_phases import StepPhases, format_phase_medians
-from dlcomm.launcher.compute_slowdown import ComputeSlowdown
-from dlcomm.torch.compute_slowdown import spread_over
+from dlcomm.tools.demo import (  # measurement and emulation behind the flags, not training
+    ComputeSlowdown,
+    StepPhases,
+    format_phase_medians,
+    spread_over,
+    steal_seconds,
+)
 
 
 def load(dataset: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -144,9 +147,7 @@ def main() -> None:
                                          loss_tolerance=args.loss_tolerance)
     sampler = None
     if hasattr(optimizer, "balancer"):  # LB-BSP: variable slices of one shuffled stream
-        from dlcomm.torch.sync import BalancedBatchSampler
-
-        sampler = BalancedBatchSampler(len(train_idx), optimizer.balancer, seed=args.seed)
+        sampler = hvd.BalancedBatchSampler(len(train_idx), optimizer.balancer, seed=args.seed)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # dlcomm
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 

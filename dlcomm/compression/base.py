@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.compression.array_api import FLOAT_DTYPES, array_namespace
+from dlcomm.array_api import FLOAT_DTYPES, array_namespace
 
 ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"

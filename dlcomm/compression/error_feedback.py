@@ -8,7 +8,7 @@ decorator, written once for every compressor and every number of rounds.
 """
 from __future__ import annotations
 
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
 from dlcomm.compression.base import CompressorWrapper, Context, check_tensor
 from dlcomm.compression.sparsify import TopK, k_for
 from dlcomm.compression.topk_select import native_topk_with_residual

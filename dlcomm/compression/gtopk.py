@@ -10,7 +10,7 @@ residual. The extra round costs k elements, keeping the O(k log P) volume of the
 """
 from __future__ import annotations
 
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
 from dlcomm.compression.base import ALLREDUCE, SPARSE_MERGE, Compressor, Context
 from dlcomm.compression.sparsify import check_ratio, k_for, scatter_dense
 from dlcomm.compression.topk_select import exact_topk_indices, index_dtype

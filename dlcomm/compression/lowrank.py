@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlcomm.compression.array_api import (
+from dlcomm.array_api import (
     array_namespace,
     compute_dtype,
     from_host,

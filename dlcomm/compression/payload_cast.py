@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
+from dlcomm.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 from dlcomm.compression.base import ALLGATHER, Compressor, CompressorWrapper, Context
-from dlcomm.compression.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 
 CASTS = ("fp16", "bf16")
 _DTYPES = "payload_cast_dtypes"

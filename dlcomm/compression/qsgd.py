@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlcomm.compression.array_api import array_namespace, compute_dtype, from_host, name_seed
+from dlcomm.array_api import array_namespace, compute_dtype, from_host, name_seed
 from dlcomm.compression.base import ALLGATHER, Compressor, Context
 
 

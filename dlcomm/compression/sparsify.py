@@ -7,7 +7,7 @@ are summable (GRACE's random-k works the same way).
 """
 from __future__ import annotations
 
-from dlcomm.compression.array_api import array_namespace, name_seed
+from dlcomm.array_api import array_namespace, name_seed
 from dlcomm.compression.base import ALLGATHER, ALLREDUCE, Compressor, Context, check_op
 from dlcomm.compression.topk_select import (
     approx_topk_indices,

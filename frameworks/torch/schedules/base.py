@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dlcomm.autotune import autotuner_from_env
 from dlcomm.ops import Average, ReduceOp
 from dlcomm.process_sets import ProcessSet
 from dlcomm.torch.compression import CoreCompressor
@@ -99,8 +100,6 @@ class ScheduleBase:
 
 def _autotuner_from_env() -> Any:
     """The process's autotuner when ``DLCOMM_AUTOTUNE`` is on, else None."""
-    from dlcomm.autotune import autotuner_from_env
-
     return autotuner_from_env()
 
 
