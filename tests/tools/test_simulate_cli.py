@@ -26,18 +26,6 @@ def test_simulate_is_registered() -> None:
     assert "simulate" in help_text
 
 
-def test_the_library_never_imports_the_tools() -> None:
-    offenders = []
-    for path in (REPO / "dlcomm").rglob("*.py"):
-        rel = path.relative_to(REPO / "dlcomm")
-        if rel.parts[0] in ("tools", "cli"):
-            continue
-        text = path.read_text()
-        if "dlcomm.tools" in text or "from dlcomm import tools" in text:
-            offenders.append(str(rel))
-    assert offenders == []
-
-
 def test_importing_the_simulator_loads_no_torch_or_matplotlib() -> None:
     code = ("import sys, dlcomm.tools.simulate, dlcomm.tools.simulate.cli;"
             "print([m for m in ('torch', 'matplotlib') if m in sys.modules])")

@@ -95,7 +95,7 @@ def test_traces_are_seeded_and_shaped() -> None:
 
 
 def test_traces_follow_the_emulators_draws(tmp_path: Path) -> None:
-    from dlcomm.launcher.compute_slowdown import ComputeStraggler, compute_speeds
+    from dlcomm.tools.emulation.compute_slowdown import ComputeStraggler, compute_speeds
 
     trace = StragglerTrace.from_heterogeneity("compute=1:0.5:0.2,seed=4", hosts=2,
                                               slots_per_host=2, iterations=20)
