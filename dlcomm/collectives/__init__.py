@@ -1,10 +1,12 @@
 """All-reduce and friends written over MPI point-to-point messages.
 
 Ring, recursive halving-doubling (Rabenseifner), binomial tree, ring reduce-scatter and
-all-gather with per-rank counts, and a hierarchical all-reduce (reduce inside each host,
-all-reduce among host leaders, broadcast inside each host). Every all-reduce has the
+all-gather with per-rank counts, a hierarchical all-reduce (reduce inside each host,
+all-reduce among host leaders, broadcast inside each host), and the ``ordered`` all-reduce
+and reduce-scatter that reduce every element in rank order. Every all-reduce has the
 signature ``algorithm(comm, sendbuf, recvbuf, op) -> recvbuf`` on contiguous 1-D numpy
-arrays, and ``DLCOMM_ALLREDUCE_ALGORITHM`` picks one by name (``native`` = MPI's own).
+arrays, and ``DLCOMM_ALLREDUCE_ALGORITHM`` picks one by name (default ``ordered``;
+``native`` = MPI's own).
 See docs/collectives.md.
 
 Names are imported lazily: importing ``mpi4py.MPI`` initialises MPI, which a launcher
@@ -22,11 +24,14 @@ _EXPORTS = {
     "cached_hierarchical_allreduce": "hierarchical",
     "hierarchical_allreduce": "hierarchical",
     "native_allreduce": "native",
+    "ordered_allreduce": "ordered",
+    "ordered_reduce_scatter": "ordered",
     "SUPPORTED_OPS": "reduction",
     "as_collective_op": "reduction",
     "reduction_ufunc": "reduction",
     "ALLREDUCE_ALGORITHM_ENV": "registry",
     "ALLREDUCE_ALGORITHMS": "registry",
+    "REDUCE_SCATTERS": "registry",
     "AllreduceAlgorithm": "registry",
     "algorithm_from_env": "registry",
     "algorithm_name_from_env": "registry",

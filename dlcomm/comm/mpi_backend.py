@@ -78,12 +78,16 @@ class _MPIRequest:
 class MPICommunicator:
     """A ``Communicator`` over an ``mpi4py`` communicator (host numpy arrays)."""
 
-    def __init__(self, comm: MPI.Comm, algorithm: Any = None) -> None:
+    def __init__(self, comm: MPI.Comm, algorithm: Any = None,
+                 reduce_scatter_algorithm: Any = None) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         # An all-reduce of dlcomm.collectives (DLCOMM_ALLREDUCE_ALGORITHM); None: MPI's own.
         self.algorithm = algorithm
+        # The reduce-scatter that reduces like that all-reduce (the ``ordered`` pair, so a
+        # reduce-scatter + all-gather gives the all-reduce's bits); None: MPI's own.
+        self.reduce_scatter_algorithm = reduce_scatter_algorithm
 
     # --- data path -------------------------------------------------------------------
     def allreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp) -> None:
@@ -113,9 +117,14 @@ class MPICommunicator:
 
     def reduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
                        op: ReduceOp) -> None:
-        if sum(counts):
-            self.comm.Reduce_scatter(_wire(sendbuf), _wire(recvbuf), recvcounts=counts,
-                                     op=_mpi_op(sendbuf.dtype, op))
+        if not sum(counts):
+            return
+        if self.reduce_scatter_algorithm is not None:
+            wire_op = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
+            self.reduce_scatter_algorithm(self.comm, sendbuf, recvbuf, counts, wire_op)
+            return
+        self.comm.Reduce_scatter(_wire(sendbuf), _wire(recvbuf), recvcounts=counts,
+                                 op=_mpi_op(sendbuf.dtype, op))
 
     # --- control path (negotiation) ------------------------------------------------------
     def iallreduce_band(self, words: np.ndarray) -> _MPIRequest:
@@ -137,10 +146,11 @@ class MPICommunicator:
     def split(self, color: int | None, key: int) -> MPICommunicator | None:
         """Collective over this communicator; ranks passing ``None`` get ``None``."""
         sub = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if sub == MPI.COMM_NULL else MPICommunicator(sub, self.algorithm)
+        return None if sub == MPI.COMM_NULL else MPICommunicator(
+            sub, self.algorithm, self.reduce_scatter_algorithm)
 
     def dup(self) -> MPICommunicator:
-        return MPICommunicator(self.comm.Dup(), self.algorithm)
+        return MPICommunicator(self.comm.Dup(), self.algorithm, self.reduce_scatter_algorithm)
 
     def free(self) -> None:
         if self.comm not in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL):

@@ -45,7 +45,7 @@ class Engine:
         self.size = world.Get_size()
         # Separate communicators keep negotiation messages apart from data messages.
         self.control = MPICommunicator(world.Dup())
-        data = MPICommunicator(world.Dup(), _allreduce_algorithm())
+        data = MPICommunicator(world.Dup(), *_data_algorithms())
         self.process_sets: dict[int, ProcessSetState] = {
             WORLD: ProcessSetState(WORLD, tuple(range(self.size)), data)
         }
@@ -278,12 +278,19 @@ class Engine:
             state.comm.free()
 
 
-def _allreduce_algorithm() -> Any:
-    """The dlcomm.collectives all-reduce chosen by DLCOMM_ALLREDUCE_ALGORITHM (None: native)."""
-    from dlcomm.collectives.registry import algorithm_name_from_env, get_allreduce_algorithm
+def _data_algorithms() -> tuple[Any, Any]:
+    """The dlcomm.collectives all-reduce chosen by DLCOMM_ALLREDUCE_ALGORITHM and the
+    reduce-scatter that reduces like it (None: MPI's own)."""
+    from dlcomm.collectives.registry import (
+        REDUCE_SCATTERS,
+        algorithm_name_from_env,
+        get_allreduce_algorithm,
+    )
 
     name = algorithm_name_from_env()
-    return None if name == "native" else get_allreduce_algorithm(name)
+    if name == "native":
+        return None, None
+    return get_allreduce_algorithm(name), REDUCE_SCATTERS.get(name)
 
 
 def _open_timeline(path: str, rank: int) -> Any:
