@@ -48,7 +48,9 @@ def _element_type(itemsize: int) -> MPI.Datatype:
 
 
 def _reduce_in_rank_order(blocks: np.ndarray, out: np.ndarray, ufunc: np.ufunc) -> None:
-    """``out = ufunc(...ufunc(ufunc(blocks[0], blocks[1]), blocks[2])..., blocks[p-1])``."""
+    """``out = blocks[0]``, then ``out = ufunc(blocks[j], out)`` for j = 1..p-1: every element
+    reduced in rank order. (The operand order matters only for which NaN payload survives;
+    it is the native float16 sum's, and MPI's for a user op: incoming first.)"""
     np.copyto(out, blocks[0])
     if out.size == 0:
         return
@@ -58,7 +60,7 @@ def _reduce_in_rank_order(blocks: np.ndarray, out: np.ndarray, ufunc: np.ufunc) 
         if fast_half_sum:
             native.float16_add_(block, out)
         else:
-            ufunc(out, block, out=out)
+            ufunc(block, out, out=out)
 
 
 @raise_collective_errors
