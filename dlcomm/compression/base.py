@@ -82,6 +82,14 @@ def check_tensor(tensor: object, name: object) -> None:
         raise TypeError(f"tensor name must be a non-empty str, got {name!r}")
 
 
+def check_momentum(momentum: object) -> float:
+    """Return ``momentum`` as float; ValueError unless it is a number in [0, 1)."""
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float, np.floating)) \
+            or not 0 <= momentum < 1:
+        raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
+    return float(momentum)
+
+
 def check_op(op: str) -> None:
     """Raise ValueError unless ``op`` is 'sum' or 'average'."""
     if op not in OPS:
@@ -145,6 +153,13 @@ class Compressor:
         """This rank's own contribution from its final-round payloads (pure; error feedback)."""
         return self.decompress(payloads, ctx)
 
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object | None:
+        """``tensor`` less what this step's selection sent of it, for compressors whose
+        selection is linear (sparsifiers: zeros at the sent indices; low rank: minus the
+        projection onto the sent subspace); None for the others. Pure; called with the final
+        round's payloads (error feedback's momentum factor masking)."""
+        return None
+
     def aggregate(self, tensors: list, op: str = "average") -> object:
         """Combine decompressed ALLGATHER results of all ranks (default: sum or mean)."""
         check_op(op)
@@ -166,6 +181,12 @@ class Compressor:
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         """Combine two ranks' SPARSE_MERGE payloads (lower rank first, so all ranks agree)."""
         raise NotImplementedError(f"{self.name} has no SPARSE_MERGE round")
+
+    def set_momentum(self, momentum: float) -> None:
+        """The momentum the optimizer applies after the all-reduce (SGD's ``momentum``).
+        Only error feedback uses it (momentum correction, see ``error_feedback``); a
+        compressor without error feedback checks it and otherwise ignores it."""
+        check_momentum(momentum)
 
     def reset_state(self, name: str | None = None) -> None:
         """Forget per-tensor state (all tensors when ``name`` is None)."""
@@ -227,6 +248,9 @@ class CompressorWrapper(Compressor):
     def local_estimate(self, payloads: list, ctx: Context) -> object:
         return self.inner.local_estimate(payloads, ctx)
 
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object | None:
+        return self.inner.unsent(tensor, payloads, ctx)
+
     def aggregate(self, tensors: list, op: str = "average") -> object:
         return self.inner.aggregate(tensors, op)
 
@@ -237,6 +261,9 @@ class CompressorWrapper(Compressor):
 
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         return self.inner.merge(lower, higher, ctx)
+
+    def set_momentum(self, momentum: float) -> None:
+        self.inner.set_momentum(momentum)
 
     def reset_state(self, name: str | None = None) -> None:
         super().reset_state(name)
