@@ -27,9 +27,10 @@ payloads depend only on that tensor's previous round. Results are sums; averagin
 the end (low-rank compressors orthogonalise, which is scale-free, so sums are enough).
 
 Compressors hold no state other than per-tensor-name state objects (``self.states``), e.g.
-PowerSGD's warm-start Q or a step counter. ``decompress`` on ALLREDUCE results is called
-exactly once per step and tensor, so it may update such state; ``local_estimate`` (what this
-rank alone sent, used by error feedback) and ``decompress`` of ALLGATHER payloads must not.
+PowerSGD's warm-start Q or a step counter. ``decompress`` on ALLREDUCE results and
+``decompress_all`` are called exactly once per step and tensor, so they may update such state
+(error feedback's momentum correction does); ``local_estimate`` (what this rank alone sent,
+used by error feedback), ``unsent`` and ``decompress`` of ALLGATHER payloads must not.
 """
 from __future__ import annotations
 

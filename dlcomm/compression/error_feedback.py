@@ -72,6 +72,8 @@ class ErrorFeedback(CompressorWrapper):
                 velocity += tensor
             self.velocities[name] = velocity
             tensor = velocity
+        else:
+            self.velocities.pop(name, None)
         fused = self._native_topk(tensor, residual, name)
         if fused is not None:
             payloads, ctx = fused
