@@ -581,3 +581,11 @@ def test_convergence_rejects_a_target_outside_zero_one() -> None:
 
     with pytest.raises(SystemExit):
         main(["--target", "1.5", "--specs", "none"])
+
+
+def test_training_benchmarks_find_their_example_scripts() -> None:
+    """The drivers start scripts of examples/ by path; a move of the tools must not lose them."""
+    from dlcomm.tools.bench import convergence, train
+
+    assert train.EXAMPLE.is_file(), train.EXAMPLE
+    assert convergence.EXAMPLE.is_file(), convergence.EXAMPLE
