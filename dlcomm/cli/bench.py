@@ -24,6 +24,7 @@ EXTERNAL_ACTIONS: dict[str, str] = {
     "corun": "dlcomm.bench.corun",
     "exchange": "dlcomm.bench.exchange",
     "roundtrip": "dlcomm.bench.roundtrip",
+    "kfac": "dlcomm.bench.kfac",
 }
 
 
