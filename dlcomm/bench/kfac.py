@@ -39,7 +39,7 @@ JOB_OPTIONS: tuple[tuple[str, type, Any, str], ...] = (
     ("--momentum", float, 0.9, "SGD momentum"),
     ("--factor-update-steps", int, 1, "K-FAC factor_update_steps"),
     ("--inv-update-steps", int, 10, "K-FAC inv_update_steps"),
-    ("--damping", float, 0.003, "K-FAC damping"),
+    ("--damping", float, 0.03, "K-FAC damping"),
     ("--factor-decay", float, 0.95, "K-FAC factor_decay"),
     ("--kl-clip", float, 0.001, "K-FAC kl_clip"),
     ("--compute-method", str, "eigen", "eigen or inverse"),

@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--factor-update-steps", type=int, default=1)
     p.add_argument("--inv-update-steps", type=int, default=10)
-    p.add_argument("--damping", type=float, default=0.003)
+    p.add_argument("--damping", type=float, default=0.03)
     p.add_argument("--factor-decay", type=float, default=0.95)
     p.add_argument("--kl-clip", type=float, default=0.001)
     p.add_argument("--compute-method", default="eigen", choices=["eigen", "inverse"])
