@@ -217,3 +217,18 @@ def test_kl_clip_scale() -> None:
     assert curvature.kl_clip_scale(-0.1, 0.001) == pytest.approx(0.1)
     with pytest.raises(FloatingPointError, match="not finite"):
         curvature.kl_clip_scale(float("nan"), 0.001)
+
+
+def test_a_framework_linalg_gives_the_same_decompositions() -> None:
+    """The torch front end hands in torch's LAPACK; results match numpy's."""
+    pytest.importorskip("torch")
+    from dlcomm.torch.kfac.linalg import TORCH_LINALG
+
+    a = spd(9, 11).astype(np.float32)
+    np.testing.assert_allclose(curvature.damped_inverse(a, 0.01, linalg=TORCH_LINALG),
+                               curvature.damped_inverse(a, 0.01), rtol=1e-4, atol=1e-5)
+    values, vectors = curvature.eigen_decomposition(a, linalg=TORCH_LINALG)
+    ref_values, _ = curvature.eigen_decomposition(a)
+    np.testing.assert_allclose(values, ref_values, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(vectors @ np.diag(values) @ vectors.T, a, rtol=1e-4, atol=1e-5)
+    assert values.dtype == vectors.dtype == np.float32

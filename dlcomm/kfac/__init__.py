@@ -11,6 +11,8 @@ from dlcomm.kfac.costs import (
     preconditioning_flops,
 )
 from dlcomm.kfac.curvature import (
+    NUMPY_LINALG,
+    Linalg,
     damped_inverse,
     eigen_decomposition,
     eigen_scale,
@@ -35,7 +37,8 @@ from dlcomm.kfac.placement import Placement, place_inversions
 from dlcomm.kfac.strategy import DistributedStrategy, WorkerGrid, resolve_grad_workers
 
 __all__ = [
-    "DistributedStrategy", "ExchangePlan", "Placement", "Segment", "WorkerGrid",
+    "NUMPY_LINALG", "DistributedStrategy", "ExchangePlan", "Linalg", "Placement", "Segment",
+    "WorkerGrid",
     "conv2d_input_factor", "conv2d_output_factor", "conv2d_patches", "damped_inverse",
     "eigen_decomposition", "eigen_scale", "inverse_payload_size", "kl_clip_scale",
     "linear_input_factor", "linear_output_factor", "measure_inversion_seconds", "model_cost",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from dlcomm.kfac.curvature import damped_inverse, eigen_decomposition
+from dlcomm.kfac.curvature import NUMPY_LINALG, Linalg, damped_inverse, eigen_decomposition
 
 STRATEGIES = ("compute", "memory", "measured")
 
@@ -30,9 +30,10 @@ def model_cost(strategy: str) -> Callable[[int], float]:
 
 def measure_inversion_seconds(sizes: Iterable[int], compute_method: str, *,
                               dtype: np.dtype = np.float32, repeats: int = 3,
-                              seed: int = 0) -> dict[int, float]:
+                              seed: int = 0,
+                              linalg: Linalg = NUMPY_LINALG) -> dict[int, float]:
     """Seconds to invert (``inverse``) or eigendecompose (``eigen``) a random SPD matrix of
-    each size on this process; the fastest of ``repeats`` runs."""
+    each size on this process with ``linalg``; the fastest of ``repeats`` runs."""
     if compute_method not in ("inverse", "eigen"):
         raise ValueError(f"compute_method must be 'inverse' or 'eigen', got {compute_method!r}")
     if repeats < 1:
@@ -48,9 +49,9 @@ def measure_inversion_seconds(sizes: Iterable[int], compute_method: str, *,
         for _ in range(repeats):
             start = time.perf_counter()
             if compute_method == "inverse":
-                damped_inverse(spd, 1e-3)
+                damped_inverse(spd, 1e-3, dtype, linalg)
             else:
-                eigen_decomposition(spd)
+                eigen_decomposition(spd, dtype, linalg)
             best = min(best, time.perf_counter() - start)
         out[n] = best
     return out

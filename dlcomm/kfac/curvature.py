@@ -9,13 +9,28 @@ K-FAC replaces a layer's gradient ``V`` (out x in, the bias as a last column) by
   ``G (x) A + damping I``.
 
 ``kl_clip_scale`` is the step-size rescaling that keeps the update's predicted change of the
-output distribution below ``kl_clip``.
+output distribution below ``kl_clip``. The dense decompositions come from a ``Linalg`` (numpy's
+LAPACK by default), so a front end can hand in its framework's faster LAPACK while the maths
+stays here.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
+
+
+class Linalg(NamedTuple):
+    """The two dense routines K-FAC needs, on numpy arrays: ``eigh(a) -> (values, vectors)``
+    of a symmetric matrix (its lower triangle), and ``inv(a)``."""
+
+    eigh: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+    inv: Callable[[np.ndarray], np.ndarray]
+
+
+NUMPY_LINALG = Linalg(np.linalg.eigh, np.linalg.inv)
 
 
 def _check_square(matrix: np.ndarray, what: str) -> None:
@@ -25,8 +40,8 @@ def _check_square(matrix: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} must be a square numpy matrix, got shape {shape}")
 
 
-def damped_inverse(factor: np.ndarray, damping: float,
-                   dtype: np.dtype = np.float32) -> np.ndarray:
+def damped_inverse(factor: np.ndarray, damping: float, dtype: np.dtype = np.float32,
+                   linalg: Linalg = NUMPY_LINALG) -> np.ndarray:
     """``(factor + damping I)^-1``, symmetrised so that its upper triangle says it all."""
     _check_square(factor, "factor")
     if not damping > 0:
@@ -34,20 +49,20 @@ def damped_inverse(factor: np.ndarray, damping: float,
     work = factor.astype(np.float32, copy=True) if factor.dtype != np.float64 else \
         factor.copy()
     work[np.diag_indices_from(work)] += work.dtype.type(damping)
-    inverse = np.linalg.inv(work)
+    inverse = np.array(linalg.inv(work), dtype=work.dtype)  # a copy we own
     inverse += inverse.T  # exactly symmetric: a + b == b + a in floating point
     inverse *= inverse.dtype.type(0.5)
     return inverse.astype(dtype, copy=False)
 
 
-def eigen_decomposition(factor: np.ndarray,
-                        dtype: np.dtype = np.float32) -> tuple[np.ndarray, np.ndarray]:
+def eigen_decomposition(factor: np.ndarray, dtype: np.dtype = np.float32,
+                        linalg: Linalg = NUMPY_LINALG) -> tuple[np.ndarray, np.ndarray]:
     """Eigenvalues (clamped at 0) and eigenvectors (columns) of a symmetric factor."""
     _check_square(factor, "factor")
     work = factor if factor.dtype == np.float64 else factor.astype(np.float32, copy=False)
-    values, vectors = np.linalg.eigh(work)
-    np.maximum(values, 0, out=values)
-    return values.astype(dtype, copy=False), vectors.astype(dtype, copy=False)
+    values, vectors = linalg.eigh(work)
+    values = np.maximum(values, 0).astype(dtype, copy=False)
+    return values, np.asarray(vectors).astype(dtype, copy=False)
 
 
 def eigen_scale(g_values: np.ndarray, a_values: np.ndarray, damping: float) -> np.ndarray:

@@ -44,6 +44,7 @@ from dlcomm.ops import Average
 from dlcomm.sync.agreement import check_same_settings
 from dlcomm.torch import mpi_ops
 from dlcomm.torch.kfac.layers import KFACLayer, register_layers
+from dlcomm.torch.kfac.linalg import TORCH_LINALG
 
 logger = logging.getLogger("dlcomm.kfac")
 
@@ -212,7 +213,7 @@ class KFACPreconditioner:
         if self.assignment_strategy == "measured":
             sizes = sorted({n for pair in dims.values() for n in pair})
             mine = (costs.measure_inversion_seconds(sizes, self.compute_method,
-                                                    dtype=self.inv_dtype)
+                                                    dtype=self.inv_dtype, linalg=TORCH_LINALG)
                     if self._rank == 0 else None)
             measured = core_functions.broadcast_object(mine, 0, name=f"{self._prefix}.costs")
         work = costs.placement_work(
@@ -375,10 +376,12 @@ class KFACPreconditioner:
         for name, factor in self._plan.owned(self._rank, ready):
             matrix = self._by_name[name].factors[factor]
             if self.compute_method == "eigen":
-                values, vectors = curvature.eigen_decomposition(matrix, self.inv_dtype)
+                values, vectors = curvature.eigen_decomposition(matrix, self.inv_dtype,
+                                                                 TORCH_LINALG)
                 parts += [vectors.reshape(-1), values]
             else:
-                inverse = curvature.damped_inverse(matrix, damping, self.inv_dtype)
+                inverse = curvature.damped_inverse(matrix, damping, self.inv_dtype,
+                                                   TORCH_LINALG)
                 parts.append(kf.pack_upper(inverse) if self.symmetry_aware
                              else inverse.reshape(-1))
         payload = np.concatenate(parts) if parts else np.empty(0, dtype=self.inv_dtype)
