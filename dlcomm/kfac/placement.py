@@ -106,24 +106,23 @@ def place_inversions(work: Mapping[str, Mapping[str, float]], grid: WorkerGrid, 
     jobs = [jobs[j] for j in order]
     greedy = _kaisa_greedy(jobs, grid, colocate_factors)
     if method == "greedy":
-        return _result(layers, jobs, greedy, grid, False, method)
+        return _result(work, jobs, greedy, grid, False, method)
     lpt = _local_search(jobs, _lpt(jobs, grid, colocate_factors), grid, colocate_factors)
     seed = min((greedy, lpt), key=lambda a: _makespan(jobs, a, grid.world_size))
     if method == "lpt":
-        return _result(layers, jobs, lpt, grid, False, method)
+        return _result(work, jobs, lpt, grid, False, method)
     best, proven = _branch_and_bound(jobs, grid, colocate_factors, seed, node_limit)
-    return _result(layers, jobs, best, grid, proven, method)
+    return _result(work, jobs, best, grid, proven, method)
 
 
-def _result(layers: list[str], jobs: list[_Job], assignment: list[int], grid: WorkerGrid,
-            proven: bool, method: str) -> Placement:
+def _result(work: Mapping[str, Mapping[str, float]], jobs: list[_Job], assignment: list[int],
+            grid: WorkerGrid, proven: bool, method: str) -> Placement:
+    layers = list(work)
     owners: dict[str, dict[str, int]] = {name: {} for name in layers}
     for job, rank in zip(jobs, assignment):
         for factor in job.factors:
             owners[layers[job.layer]][factor] = rank
-    # factors in the order the caller gave them
-    ordered = {name: dict(sorted(owners[name].items(), key=lambda kv: kv[0]))
-               for name in layers}
+    ordered = {name: {f: owners[name][f] for f in work[name]} for name in layers}  # caller's
     loads = _loads(jobs, assignment, grid.world_size)
     return Placement(grid, ordered, tuple(loads), proven, method)
 
