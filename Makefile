@@ -6,7 +6,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 NP ?= 4
 PYTEST_ARGS ?=
 
-.PHONY: install install-mpi install-test demo test bench bench-peers lint knobs-doc clean
+.PHONY: install install-mpi install-test demo test bench bench-peers bench-fl lint knobs-doc clean
 
 # Open MPI from Debian's packages, only when mpirun is missing.
 install-mpi:
@@ -26,15 +26,18 @@ demo: install
 	dlcommrun -np $(NP) $(PYTHON) examples/torch_mnist.py --epochs 5
 
 # MXNet's tests run first, in their own numpy-1.x venv (test-mxnet); the main run skips them.
-test: install-test install-tensorflow test-mxnet
+# The lint (ruff and the layers contract) runs before the tests.
+test: install-test install-tensorflow lint test-mxnet
 	$(PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 --durations=12 tests \
-	  --ignore-glob='tests/test_mxnet*' $(PYTEST_ARGS)
+	  --ignore-glob='tests/*/test_mxnet*' $(PYTEST_ARGS)
 
 bench: install
 	$(PYTHON) -m dlcomm.cli.main bench report --output docs/benchmarks.md
 
+# ruff, then the import-linter contracts of .importlinter (the layers) and no import cycle.
 lint:
 	$(PYTHON) -m ruff check .
+	$(PYTHON) tests/check_layers.py
 
 knobs-doc:
 	$(PYTHON) -m dlcomm.config docs/knobs.md
@@ -50,7 +53,7 @@ PEER_REPEATS ?= 3
 PEER_MODELS ?= mlp cnn
 
 bench-peers: install
-	$(PYTHON) -m dlcomm.bench.horovod_peer install-horovod --version $(HOROVOD_VERSION)
+	$(PYTHON) -m dlcomm.tools.bench.horovod_peer install-horovod --version $(HOROVOD_VERSION)
 	@uptime
 	@for model in $(PEER_MODELS); do for order in horovod,dlcomm dlcomm,horovod; do \
 	  for i in $$(seq $(PEER_REPEATS)); do \
@@ -58,11 +61,30 @@ bench-peers: install
 	    dlcommrun -np $(NP) $(PYTHON) examples/torch_synthetic_benchmark.py \
 	      --framework $$order --model $$model || exit 1; \
 	  done; done; done
-	dlcommrun -np $(NP) $(PYTHON) -m dlcomm.bench.horovod_peer fusion
+	dlcommrun -np $(NP) $(PYTHON) -m dlcomm.tools.bench.horovod_peer fusion
 	@uptime
 
+# Federated learning (docs/fl.md): dlcomm's simulation against Flower's (flwr[simulation],
+# the fl-bench extra, in its own environment FLWR_VENV that sees this one's packages: flwr
+# 1.41 pins protobuf<7), at 100 and 1000 clients, alternating; then the scheduler's arithmetic.
+FLWR_VENV ?= .venv-flwr
+FL_REPEATS ?= 3
+FL_ROUNDS ?= 5
+
+bench-fl: install
+	@[ -x $(FLWR_VENV)/bin/python ] || { $(PYTHON) -m venv --system-site-packages $(FLWR_VENV) && \
+	  echo '*' > $(FLWR_VENV)/.gitignore; }
+	$(FLWR_VENV)/bin/python -m pip install -q 'flwr[simulation]==1.41.0'
+	@uptime
+	$(PYTHON) -m dlcomm.cli.main bench fl --np $(NP) --rounds $(FL_ROUNDS) --repeats $(FL_REPEATS) \
+	  --flower-python $(FLWR_VENV)/bin/python --json fl_bench.json
+	@uptime
+	$(PYTHON) -m dlcomm.cli.main bench fl-schedule --clients 1000 --clients-per-round 100 \
+	  --ranks $(NP) --rounds 50
+
 # TensorFlow (docs/tensorflow.md): tensorflow-cpu 2.21.0 with Keras 3 into the active Python
-# (the `tensorflow` extra). tests/test_tensorflow_multirank.py fails under CI=true without it.
+# (the `tensorflow` extra). tests/multirank/test_tensorflow_multirank.py fails under CI=true
+# without it.
 install-tensorflow: install-mpi
 	$(PIP) install -q -e '.[tensorflow]'
 
@@ -88,7 +110,7 @@ install-mxnet: install-mpi $(MXNET_PYTHON)
 	DLCOMM_BUILD_NATIVE=0 $(MXNET_PYTHON) -m pip install -q --no-deps -e .
 
 test-mxnet: install-mxnet
-	$(MXNET_PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests/test_mxnet*.py $(PYTEST_ARGS)
+	$(MXNET_PYTHON) -m pytest -q -p no:cacheprovider --timeout=900 tests/*/test_mxnet*.py $(PYTEST_ARGS)
 
 demo-mxnet: install-mxnet
 	$(MXNET_VENV)/bin/dlcommrun -np 2 $(MXNET_PYTHON) examples/gluon_mnist.py

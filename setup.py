@@ -55,14 +55,22 @@ setup(
         "mxnet": ["mxnet==1.9.1"],
         "cupy": ["cupy-cuda12x", "nvidia-nccl-cu12"],
         # cupy + nvidia-nccl-cu12 let the tests exchange a real NCCL unique id without a GPU.
+        # import-linter checks the layers (.importlinter, tests/check_layers.py, make lint);
+        # grimp is its import-graph library, also used for the import-cycle check.
         "test": ["pytest>=7", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "tqdm",
-                 "mlxtend", "cupy-cuda12x", "nvidia-nccl-cu12", "optuna>=4,<6"],
+                 "mlxtend", "cupy-cuda12x", "nvidia-nccl-cu12", "optuna>=4,<6",
+                 "import-linter==2.16", "grimp==3.19"],
         # Bayesian optimisation for DLCOMM_AUTOTUNE (GPSampler needs optuna >= 3.6;
         # scikit-optimize is archived).
         "autotune": ["optuna>=4,<6"],
         "bench": ["matplotlib"],
         # dlcomm simulate: non-negative least squares for calibration (scipy) and figures.
         "simulate": ["matplotlib", "scipy"],
+        # `dlcomm bench fl`'s peer. flwr 1.41.0 is the newest that installs on Python 3.11
+        # here: 1.42.0 needs certifi>=2026.10.19, which the package index does not have yet.
+        # It pins protobuf<7 (this environment's TensorFlow runs 7.x), so `make bench-fl`
+        # installs it in its own environment (.venv-flwr) that sees this one's packages.
+        "fl-bench": ["flwr[simulation]==1.41.0", "torch==2.13.0", "mlxtend", "scikit-learn"],
     },
     ext_modules=native_extensions(),
     cmdclass={"build_ext": OptionalBuildExt},

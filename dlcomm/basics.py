@@ -2,34 +2,24 @@
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
 from typing import Any
 
-from dlcomm.config import Config, load_config
+from dlcomm import runtime
+from dlcomm.comm.backend_select import nccl_available
+from dlcomm.config import load_config
 from dlcomm.engine.request import Kind, Request, Signature
-from dlcomm.errors import ShutdownError
 from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.runtime import is_initialized, state
+
+__all__ = ["add_process_set", "bytes_sent", "cross_rank", "cross_size", "init",
+           "is_homogeneous", "is_initialized", "local_rank", "local_size", "mpi_built",
+           "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "remove_process_set",
+           "shutdown", "size", "state"]
 
 
-@dataclasses.dataclass
-class _State:
-    config: Config
-    engine: Any  # dlcomm.engine.engine.Engine (imported in init: it loads MPI)
-    comm: Any  # the mpi4py communicator dlcomm was started on
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    process_sets: dict[int, ProcessSet]
-    mpi_threads: bool
-
-
-_state: _State | None = None
 _set_requests = itertools.count()  # names add_process_set requests (same order on all ranks)
 
 
@@ -41,44 +31,25 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
     ``settings`` override ``DLCOMM_*`` knobs by name (``fusion_threshold=...``), see
     ``docs/knobs.md``. Calling ``init`` again while initialised does nothing.
     """
-    global _state
-    if _state is not None:
+    if is_initialized():
         return
     config = load_config(**settings)
     logging.getLogger("dlcomm").setLevel(config.log_level.upper())
-    # Importing mpi4py.MPI initialises MPI, so it happens here and not at `import dlcomm`:
-    # a process that only launches jobs (dlcommrun) must not become an MPI process.
-    from mpi4py import MPI
+    # Importing mpi4py.MPI initialises MPI, so the transport loads here and not at
+    # `import dlcomm`: a process that only launches jobs (dlcommrun) must not become an MPI
+    # process. The engine imports the transport too.
+    from dlcomm.comm.world import open_world  # noqa: PLC0415 - MPI start-up
+    from dlcomm.engine.engine import Engine  # noqa: PLC0415 - MPI start-up
 
-    from dlcomm.engine.engine import Engine
-
-    if comm is None:
-        comm = MPI.COMM_WORLD
-    elif isinstance(comm, (list, tuple)):
-        ranks = list(comm)
-        world = MPI.COMM_WORLD
-        if not all(isinstance(r, int) and 0 <= r < world.Get_size() for r in ranks):
-            raise ValueError(f"comm ranks must be world ranks in [0, {world.Get_size()}), "
-                             f"got {ranks}")
-        comm = world.Create_group(world.Get_group().Incl(sorted(ranks)))
-        if comm == MPI.COMM_NULL:
-            raise ValueError(f"this process (world rank {world.Get_rank()}) is not in {ranks}")
-    elif not isinstance(comm, MPI.Comm):
-        raise TypeError(f"comm must be an mpi4py communicator or a list of ranks, "
-                        f"got {type(comm).__name__}")
-    rank, size = comm.Get_rank(), comm.Get_size()
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    cross = comm.Split(color=local.Get_rank(), key=rank)
+    world = open_world(comm)
+    rank, size = world.comm.rank, world.comm.size
     global_process_set.ranks = list(range(size))
-    _state = _State(
-        config=config, engine=Engine(config, comm), comm=comm, rank=rank, size=size,
-        local_rank=local.Get_rank(), local_size=local.Get_size(),
-        cross_rank=cross.Get_rank(), cross_size=cross.Get_size(),
-        process_sets={0: global_process_set},
-        mpi_threads=MPI.Query_thread() == MPI.THREAD_MULTIPLE,
-    )
-    local.Free()
-    cross.Free()
+    runtime.start(runtime.State(
+        config=config, engine=Engine(config, world.comm), comm=world.comm, rank=rank,
+        size=size, local_rank=world.local_rank, local_size=world.local_size,
+        cross_rank=world.cross_rank, cross_size=world.cross_size,
+        process_sets={0: global_process_set}, mpi_threads=world.threads_multiple,
+    ))
     atexit.register(shutdown)
     for ps in process_sets or ():
         add_process_set(ps)
@@ -86,26 +57,13 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
 
 def shutdown() -> None:
     """Stop dlcomm on this process; pending requests on other ranks fail with a clear error."""
-    global _state
-    if _state is None:
+    stopped = runtime.stop()
+    if stopped is None:
         return
-    state, _state = _state, None
-    state.engine.shutdown()
-    for set_id, ps in state.process_sets.items():
+    stopped.engine.shutdown()
+    for set_id, ps in stopped.process_sets.items():
         if set_id != 0:
             ps.process_set_id = None
-
-
-def is_initialized() -> bool:
-    """True between ``init()`` and ``shutdown()``."""
-    return _state is not None
-
-
-def state() -> _State:
-    """The running state; raises ``ShutdownError`` before ``init()``."""
-    if _state is None:
-        raise ShutdownError("dlcomm is not initialized: call dlcomm.init() first")
-    return _state
 
 
 def rank() -> int:
@@ -159,8 +117,6 @@ def mpi_built() -> bool:
 
 def nccl_built() -> bool:
     """True when CuPy's NCCL bindings import (the GPU data path)."""
-    from dlcomm.comm.backend_select import nccl_available
-
     return nccl_available()
 
 

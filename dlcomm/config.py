@@ -105,14 +105,18 @@ KNOBS: tuple[Knob, ...] = (
          "fused error-feedback selection); 0 falls back to numpy.", where="import"),
     Knob("native_threads", 0, lambda t: int(t),
          "OpenMP threads of the native kernels (0: cores divided by ranks on the host).",
-         where="dlcomm.native.set_num_threads"),
+         where="dlcomm.kernels.set_num_threads"),
     Knob("build_native", True, parse_bool,
          "Build the native kernels during pip install (0 skips; numpy is used instead).",
          where="setup.py"),
-    Knob("allreduce_algorithm", "native", str,
-         "All-reduce algorithm of dlcomm.collectives: native (MPI's own), ring, rhd, tree, "
-         "hierarchical (see docs/collectives.md). ring kept one slow link busy where native "
-         "left it idle a quarter of the time (docs/heterogeneity.md, DLCP fifth round).",
+    Knob("allreduce_algorithm", "ordered", str,
+         "All-reduce algorithm of dlcomm.collectives: ordered (every element summed in rank "
+         "order, so all-reduce and reduce-scatter + all-gather give the same bits and every "
+         "schedule the same model; the engine's reduce-scatter follows it), mpi (MPI's own, "
+         "whose order depends on message size and position; 'native' is accepted too), ring, "
+         "rhd, tree, hierarchical (see docs/collectives.md). ring kept one slow link busy "
+         "where MPI's own left it idle a quarter of the time (docs/heterogeneity.md, DLCP "
+         "fifth round).",
          where="get_allreduce_algorithm"),
     Knob("hierarchical_leader_algorithm", "ring", str,
          "Algorithm among host leaders inside the hierarchical all-reduce.",
@@ -162,6 +166,20 @@ KNOBS: tuple[Knob, ...] = (
     Knob("autotune_max_samples", 20, _positive_int,
          "Candidate settings tried before the best is kept for the rest of the run.",
          where="DistributedOptimizer"),
+    Knob("fl_state_memory_budget", 1 << 30, parse_bytes,
+         "Bytes of client state (SCAFFOLD control variates, a client's own saved arrays) "
+         "each rank of a federated simulation keeps in memory; the least recently used "
+         "spill to files beyond it (see docs/fl.md).", where="dlcomm.fl.Simulation"),
+    Knob("fl_state_dir", "", str,
+         "Directory in which a federated run keeps its spilled client state (in a "
+         "sub-directory of its own that close() removes), readable by every rank: a shared "
+         "file system across hosts. Empty: the system's temporary directory.",
+         where="dlcomm.fl.Simulation"),
+    Knob("fl_scheduler", "lpt", str,
+         "How a federated simulation assigns a round's clients to ranks: lpt (predicted "
+         "cost, longest first to the rank that finishes it earliest, then moves and swaps "
+         "off the busiest rank) or static (equal-count pieces of the sampled order).",
+         where="dlcomm.fl.Simulation"),
 )
 
 # Knobs read where they are used (compression, collectives), not by init().

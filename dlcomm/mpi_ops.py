@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from dlcomm import basics
+from dlcomm.array_api import array_namespace
 from dlcomm.comm.backend_select import is_device_array, select_backend
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.compression import Compressor, get_compressor
 from dlcomm.engine.request import Handle, Kind, Request, Signature
 from dlcomm.ops import Average, ReduceOp, as_reduce_op
 from dlcomm.process_sets import ProcessSet, global_process_set
@@ -104,8 +105,6 @@ def _submit(name: str, sig: Signature, arrays: list[np.ndarray],
 
 def _check_compression(compression: Any, arrays: list[np.ndarray]) -> tuple[str, Any]:
     """Return (spec agreed across ranks, compressor object or None) for an all-reduce."""
-    from dlcomm.compression import Compressor, get_compressor
-
     if compression is None or compression == "none":
         return "none", None
     if isinstance(compression, str):

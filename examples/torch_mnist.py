@@ -18,10 +18,13 @@ import torch
 import torch.nn.functional as F
 
 import dlcomm.torch as hvd  # dlcomm
-from dlcomm.bench.machine import steal_seconds
-from dlcomm.bench.step_phases import StepPhases, format_phase_medians
-from dlcomm.launcher.compute_slowdown import ComputeSlowdown
-from dlcomm.torch.compute_slowdown import spread_over
+from dlcomm.tools.demo import (  # measurement and emulation behind the flags, not training
+    ComputeSlowdown,
+    StepPhases,
+    format_phase_medians,
+    spread_over,
+    steal_seconds,
+)
 
 
 def load(dataset: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -144,9 +147,7 @@ def main() -> None:
                                          loss_tolerance=args.loss_tolerance)
     sampler = None
     if hasattr(optimizer, "balancer"):  # LB-BSP: variable slices of one shuffled stream
-        from dlcomm.torch.sync import BalancedBatchSampler
-
-        sampler = BalancedBatchSampler(len(train_idx), optimizer.balancer, seed=args.seed)
+        sampler = hvd.BalancedBatchSampler(len(train_idx), optimizer.balancer, seed=args.seed)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # dlcomm
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
@@ -226,8 +227,12 @@ def main() -> None:
     steal = [s for s in hvd.allgather_object(
         None if steal_before is None or steal_after is None else steal_after - steal_before,
         name="steal") if s is not None]
-    if slow.active:
-        print(f"rank {rank}: {slow}", flush=True)
+    # Rank 0 prints every slowed rank's summary: ranks printing at once interleave their lines.
+    slowdowns = hvd.allgather_object(str(slow) if slow.active else None, name="slowdowns")
+    if rank == 0:
+        for r, text in enumerate(slowdowns):
+            if text is not None:
+                print(f"rank {r}: {text}", flush=True)
     phase_ms = None
     if args.phase_times:  # collective: every rank passes the same flag
         medians = hvd.allgather_object(phases.medians(skip=steps_per_epoch), name="phases")

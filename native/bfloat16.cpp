@@ -1,5 +1,5 @@
 // bfloat16 (uint16 bit patterns) <-> float32 and the bfloat16 in-place sum, equal to the numpy
-// reference in dlcomm/compression/bfloat16.py (round to nearest even, every NaN -> 0x7FC0).
+// reference in dlcomm/bfloat16.py (round to nearest even, every NaN -> 0x7FC0).
 // Branch-free loops: GCC vectorises them; target_clones adds an AVX2 copy picked at load time.
 #include "dlcomm_native.h"
 

@@ -1,7 +1,7 @@
 """setup.py's build of ``dlcomm._native``: native/*.cpp as one extension, optional.
 
 The library is a speed-up, never a requirement: when the compiler is missing or fails, the
-build prints a warning and ``pip install`` goes on (dlcomm.native then uses numpy). Flags are
+build prints a warning and ``pip install`` goes on (dlcomm.kernels then uses numpy). Flags are
 portable (``-O3 -fopenmp``, no ``-march=native``): the AVX2/F16C kernels are compiled with
 per-function target attributes and chosen at run time from the CPU's flags.
 Set ``DLCOMM_BUILD_NATIVE=0`` to skip the build.

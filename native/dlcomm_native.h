@@ -36,7 +36,7 @@ DLC_API void dlc_f16_to_f32(const uint16_t* in, float* out, int64_t n);
 DLC_API void dlc_f16_add_inplace(const uint16_t* a, uint16_t* b, int64_t n);
 
 // ---- bfloat16 as uint16 bits (native/bfloat16.cpp) -------------------------------------
-// Same as dlcomm.compression.bfloat16: round to nearest even, every NaN becomes 0x7FC0.
+// Same as dlcomm.bfloat16: round to nearest even, every NaN becomes 0x7FC0.
 DLC_API void dlc_f32_to_bf16(const float* in, uint16_t* out, int64_t n);
 DLC_API void dlc_bf16_to_f32(const uint16_t* in, float* out, int64_t n);
 // b[i] = bf16(float(a[i]) + float(b[i])).

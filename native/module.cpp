@@ -6,7 +6,7 @@
 
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "_native",
-    "dlcomm's native kernels; use dlcomm.native (ctypes) instead of this module.", -1,
+    "dlcomm's native kernels; use dlcomm.kernels (ctypes) instead of this module.", -1,
     nullptr, nullptr, nullptr, nullptr, nullptr};
 
 PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&native_module); }

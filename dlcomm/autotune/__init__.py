@@ -13,6 +13,8 @@ from typing import Any
 
 from dlcomm.autotune.settings import apply_settings, apply_to_running_engine, current_settings
 from dlcomm.autotune.tuner import Autotuner
+from dlcomm.basics import state
+from dlcomm.config import KNOB_BY_NAME
 
 _claimed = False
 
@@ -21,8 +23,6 @@ def autotuner_from_env(environ: Mapping[str, str] | None = None) -> Autotuner | 
     """An ``Autotuner`` on the running engine if ``DLCOMM_AUTOTUNE`` is on and no optimizer
     of this process has one yet; None otherwise. Collective when it returns one."""
     global _claimed
-    from dlcomm.config import KNOB_BY_NAME
-
     env = os.environ if environ is None else environ
 
     def knob(name: str) -> Any:
@@ -37,8 +37,6 @@ def autotuner_from_env(environ: Mapping[str, str] | None = None) -> Autotuner | 
 
     if not knob("autotune") or _claimed:
         return None
-    from dlcomm.basics import state
-
     st = state()
     _claimed = True
     log_path = knob("autotune_log").replace("{rank}", str(st.rank))

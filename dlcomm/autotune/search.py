@@ -30,7 +30,8 @@ class BayesianSearch:
                                  f"{(lo, hi)}")
         if startup_trials < 1:
             raise ValueError(f"startup_trials must be >= 1, got {startup_trials}")
-        import optuna  # pinned in the 'autotune' extra: optuna>=4,<6 (GPSampler)
+        # Optional dependency, pinned in the 'autotune' extra: optuna>=4,<6 (GPSampler).
+        import optuna  # noqa: PLC0415
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._dists = {

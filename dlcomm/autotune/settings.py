@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlcomm.basics import state
+
 
 def current_settings(engine: Any) -> tuple[int, float]:
     """``(fusion_threshold bytes, cycle_time ms)`` the engine uses now."""
@@ -30,6 +32,4 @@ def apply_settings(engine: Any, fusion_threshold: int, cycle_time: float) -> Non
 
 def apply_to_running_engine(fusion_threshold: int, cycle_time: float) -> None:
     """``apply_settings`` on the engine of the current ``dlcomm.init()``."""
-    from dlcomm.basics import state
-
     apply_settings(state().engine, fusion_threshold, cycle_time)

@@ -14,6 +14,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from dlcomm import mpi_ops
+from dlcomm.autotune.search import BayesianSearch
+from dlcomm.functions import broadcast_object
+
 Settings = tuple[int, float]  # (fusion_threshold bytes, cycle_time ms)
 
 
@@ -110,21 +116,13 @@ class Autotuner:
 
 
 def _default_search(initial: Settings) -> Any:
-    from dlcomm.autotune.search import BayesianSearch
-
     return BayesianSearch(initial=initial)
 
 
 def _dlcomm_mean(value: float) -> float:
-    import numpy as np
-
-    from dlcomm import mpi_ops
-
     return float(mpi_ops.allreduce(np.array([value], dtype=np.float64),
                                    name="autotune.cost")[0])
 
 
 def _dlcomm_broadcast(obj: Any) -> Any:
-    from dlcomm.functions import broadcast_object
-
     return broadcast_object(obj, root_rank=0, name="autotune.settings")

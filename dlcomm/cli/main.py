@@ -1,4 +1,4 @@
-"""``dlcomm``: the command-line tools (timeline summary and plot, benchmarks).
+"""``dlcomm``: the command-line tools (timeline summary and plot, benchmarks), by name.
 
 Each subcommand lives in its own module with ``register(subparsers)``, which adds its parser
 and sets ``func(args) -> int`` as the default. ``SUBCOMMANDS`` lists them; a listed module
@@ -10,12 +10,13 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 
 # name -> module defining register(subparsers). Keep imports inside handlers: every module
 # here is imported on each `dlcomm` call to build the help.
 SUBCOMMANDS: dict[str, str] = {
-    "timeline": "dlcomm.cli.timeline",
-    "bench": "dlcomm.cli.bench",
+    "timeline": "dlcomm.tools.timeline.command",
+    "bench": "dlcomm.tools.bench.command",
     "simulate": "dlcomm.tools.simulate.cli",
 }
 
@@ -25,8 +26,6 @@ EXIT_NOT_AVAILABLE = 2
 def _version() -> str:
     """The installed dlcomm version, or 'unknown' from an uninstalled tree."""
     try:
-        from importlib.metadata import version
-
         return version("dlcomm")
     except Exception:  # noqa: BLE001 - any metadata problem just means "unknown"
         return "unknown"

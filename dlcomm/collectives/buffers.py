@@ -1,19 +1,24 @@
-"""Argument checks and byte views shared by the point-to-point collectives.
+"""Argument checks shared by the point-to-point collectives, and the communicator they take.
 
-Data travels as raw bytes (a ``uint8`` view of the numpy block): the sender and receiver
-already agree on dtype and count, and byte messages need no MPI datatype for every numpy
-dtype (float16 included). Reductions happen in numpy on the typed arrays.
+The algorithms run on the transport's communicator (``dlcomm.comm``); an mpi4py
+intracommunicator is accepted too and wrapped. Data travels as raw bytes (the transport
+sends a ``uint8`` view of each numpy block): the sender and receiver already agree on dtype
+and count, so float16 needs no MPI datatype. Reductions happen in numpy on the typed arrays.
 """
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
-from mpi4py import MPI
 
+from dlcomm.comm.mpi_backend import TransportError, as_communicator
+from dlcomm.comm.protocol import PointToPoint
 from dlcomm.errors import DLCommError
+
+# What the public algorithms take: a transport communicator or an mpi4py intracommunicator.
+CommLike = Any
 
 # Kinds a reduction can combine: signed/unsigned integers, floats, complex.
 _NUMERIC_KINDS = "iufc"
@@ -21,16 +26,11 @@ _NUMERIC_KINDS = "iufc"
 F = TypeVar("F", bound=Callable)
 
 
-def check_comm(comm: object) -> MPI.Intracomm:
-    """Require an mpi4py intracommunicator (COMM_WORLD, a Split or Dup of it)."""
-    if not isinstance(comm, MPI.Intracomm):
-        raise TypeError(
-            f"comm must be an mpi4py MPI.Intracomm (e.g. MPI.COMM_WORLD), "
-            f"got {type(comm).__name__}"
-        )
-    if comm == MPI.COMM_NULL:
-        raise ValueError("comm is MPI.COMM_NULL: this rank is not part of the communicator")
-    return comm
+def check_comm(comm: CommLike) -> PointToPoint:
+    """The transport communicator of ``comm``: a ``dlcomm.comm`` communicator as it is, an
+    mpi4py intracommunicator (COMM_WORLD, a Split or Dup of it) wrapped; TypeError or
+    ValueError (COMM_NULL) otherwise."""
+    return as_communicator(comm)
 
 
 def check_flat_array(name: str, array: object, *, writeable: bool = False) -> np.ndarray:
@@ -84,13 +84,8 @@ def is_same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
     )
 
 
-def as_bytes(block: np.ndarray) -> np.ndarray:
-    """A ``uint8`` view of a contiguous block, the form every message is sent in."""
-    return block.view(np.uint8)
-
-
 def raise_collective_errors(func: F) -> F:
-    """Turn an ``MPI.Exception`` inside a collective into a ``DLCommError`` naming it.
+    """Turn a transport failure inside a collective into a ``DLCommError`` naming it.
 
     The most common cause is ranks passing different sizes or counts (MPI_ERR_TRUNCATE).
     """
@@ -99,10 +94,10 @@ def raise_collective_errors(func: F) -> F:
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except MPI.Exception as exc:
+        except TransportError as exc:
             raise DLCommError(
-                f"{func.__name__} failed in MPI: {exc.Get_error_string()}; check that every "
-                "rank passes the same size, dtype, counts and root"
+                f"{func.__name__} failed in MPI: {exc}; check that every rank passes the "
+                "same size, dtype, counts and root"
             ) from exc
 
     return wrapper  # type: ignore[return-value]

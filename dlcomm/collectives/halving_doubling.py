@@ -10,10 +10,10 @@ gets the result back at the end.
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from dlcomm.collectives.buffers import (
-    as_bytes,
+    CommLike,
+    PointToPoint,
     check_comm,
     check_send_recv_pair,
     is_same_buffer,
@@ -46,7 +46,7 @@ def _world_rank(participant: int, extra: int) -> int:
 
 @raise_collective_errors
 def rhd_allreduce(
-    comm: MPI.Intracomm,
+    comm: CommLike,
     sendbuf: np.ndarray,
     recvbuf: np.ndarray,
     op: ReduceOp | str = ReduceOp.SUM,
@@ -61,7 +61,7 @@ def rhd_allreduce(
     send, recv = check_send_recv_pair(sendbuf, recvbuf)
     if not is_same_buffer(send, recv):
         np.copyto(recv, send)
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, rank = comm.size, comm.rank
     if size == 1:
         return recv
     group = largest_power_of_two_at_most(size)
@@ -71,10 +71,10 @@ def rhd_allreduce(
     # Fold: the extra (even) ranks hand their whole buffer to their odd partner.
     if rank < 2 * extra:
         if me < 0:
-            comm.Send(as_bytes(recv), rank + 1, CollectiveTag.RHD_FOLD)
+            comm.send(recv, rank + 1, CollectiveTag.RHD_FOLD)
         else:
             incoming = np.empty_like(recv)
-            comm.Recv(as_bytes(incoming), rank - 1, CollectiveTag.RHD_FOLD)
+            comm.recv(incoming, rank - 1, CollectiveTag.RHD_FOLD)
             reduce_into(recv, incoming, ufunc)
 
     if me >= 0:
@@ -85,9 +85,9 @@ def rhd_allreduce(
     # Unfold: the odd partners hand the result back.
     if rank < 2 * extra:
         if me < 0:
-            comm.Recv(as_bytes(recv), rank + 1, CollectiveTag.RHD_UNFOLD)
+            comm.recv(recv, rank + 1, CollectiveTag.RHD_UNFOLD)
         else:
-            comm.Send(as_bytes(recv), rank - 1, CollectiveTag.RHD_UNFOLD)
+            comm.send(recv, rank - 1, CollectiveTag.RHD_UNFOLD)
     return recv
 
 
@@ -97,7 +97,7 @@ def _block_span(offsets: list[int], first_block: int, blocks: int) -> tuple[int,
 
 
 def _halving_reduce_scatter(
-    comm: MPI.Intracomm, work: np.ndarray, offsets: list[int], me: int, group: int,
+    comm: PointToPoint, work: np.ndarray, offsets: list[int], me: int, group: int,
     extra: int, ufunc: np.ufunc,
 ) -> None:
     """Halve the owned range log2(group) times; participant ``me`` ends owning block ``me``.
@@ -113,10 +113,9 @@ def _halving_reduce_scatter(
         keep_lo, keep_hi = _block_span(offsets, (me // distance) * distance, distance)
         give_lo, give_hi = _block_span(offsets, (partner // distance) * distance, distance)
         n_keep = keep_hi - keep_lo
-        comm.Sendrecv(
-            as_bytes(work[give_lo:give_hi]), _world_rank(partner, extra),
-            CollectiveTag.RHD_REDUCE_SCATTER,
-            as_bytes(incoming[:n_keep]), _world_rank(partner, extra),
+        comm.sendrecv_into(
+            work[give_lo:give_hi], _world_rank(partner, extra),
+            incoming[:n_keep], _world_rank(partner, extra),
             CollectiveTag.RHD_REDUCE_SCATTER,
         )
         reduce_into(work[keep_lo:keep_hi], incoming[:n_keep], ufunc)
@@ -124,7 +123,7 @@ def _halving_reduce_scatter(
 
 
 def _doubling_allgather(
-    comm: MPI.Intracomm, work: np.ndarray, offsets: list[int], me: int, group: int,
+    comm: PointToPoint, work: np.ndarray, offsets: list[int], me: int, group: int,
     extra: int,
 ) -> None:
     """Double the owned range log2(group) times until every participant holds all blocks."""
@@ -133,10 +132,9 @@ def _doubling_allgather(
         partner = me ^ distance
         mine_lo, mine_hi = _block_span(offsets, (me // distance) * distance, distance)
         theirs_lo, theirs_hi = _block_span(offsets, (partner // distance) * distance, distance)
-        comm.Sendrecv(
-            as_bytes(work[mine_lo:mine_hi]), _world_rank(partner, extra),
-            CollectiveTag.RHD_ALLGATHER,
-            as_bytes(work[theirs_lo:theirs_hi]), _world_rank(partner, extra),
+        comm.sendrecv_into(
+            work[mine_lo:mine_hi], _world_rank(partner, extra),
+            work[theirs_lo:theirs_hi], _world_rank(partner, extra),
             CollectiveTag.RHD_ALLGATHER,
         )
         distance *= 2

@@ -2,9 +2,9 @@
 
 Only one rank per host (its leader) talks over the network, so the slow inter-host link
 carries ``hosts`` participants instead of ``p``, while the fast shared-memory links inside
-a host take the reduce and broadcast. Hosts are found with
-``comm.Split_type(MPI.COMM_TYPE_SHARED)``; the sub-communicators are built once per parent
-communicator and cached on it as an MPI attribute, so they are freed with the parent.
+a host take the reduce and broadcast. Hosts are the ranks that share memory
+(``comm.split_by_host``); the sub-communicators are built once per parent communicator and
+cached on it (``comm.cached``), so they are freed with the parent.
 """
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import os
 from collections.abc import Callable
 
 import numpy as np
-from mpi4py import MPI
 
 from dlcomm.collectives.buffers import (
+    CommLike,
     check_comm,
     check_send_recv_pair,
     is_same_buffer,
     raise_collective_errors,
 )
 from dlcomm.collectives.halving_doubling import rhd_allreduce
-from dlcomm.collectives.native import native_allreduce
+from dlcomm.collectives.mpi_allreduce import mpi_allreduce
 from dlcomm.collectives.reduction import reduction_ufunc
 from dlcomm.collectives.ring import ring_allreduce
 from dlcomm.collectives.tree import (
@@ -29,11 +29,12 @@ from dlcomm.collectives.tree import (
     binomial_reduce_inplace,
     tree_allreduce,
 )
+from dlcomm.comm.mpi_backend import NULL
 from dlcomm.ops import ReduceOp
 
 # Flat algorithms the host leaders may run among themselves.
 LEADER_ALGORITHMS: dict[str, Callable[..., np.ndarray]] = {
-    "native": native_allreduce,
+    "mpi": mpi_allreduce,
     "ring": ring_allreduce,
     "rhd": rhd_allreduce,
     "tree": tree_allreduce,
@@ -44,11 +45,13 @@ RANKS_PER_HOST_ENV = "DLCOMM_HIERARCHICAL_RANKS_PER_HOST"
 
 
 def _check_leader_algorithm(name: object) -> str:
-    """Require one of the flat algorithm names."""
-    if not isinstance(name, str) or name.strip().lower() not in LEADER_ALGORITHMS:
+    """Require one of the flat algorithm names (``native``: the earlier name of ``mpi``)."""
+    key = name.strip().lower() if isinstance(name, str) else name
+    key = "mpi" if key == "native" else key
+    if key not in LEADER_ALGORITHMS:
         valid = ", ".join(LEADER_ALGORITHMS)
         raise ValueError(f"unknown hierarchical_leader_algorithm {name!r}; valid: {valid}")
-    return name.strip().lower()
+    return key
 
 
 def _check_ranks_per_host(value: object) -> int | None:
@@ -77,7 +80,7 @@ class HierarchicalAllreduce:
 
     def __init__(
         self,
-        comm: MPI.Intracomm,
+        comm: CommLike,
         *,
         hierarchical_leader_algorithm: str = DEFAULT_LEADER_ALGORITHM,
         hierarchical_ranks_per_host: int | None = None,
@@ -85,15 +88,16 @@ class HierarchicalAllreduce:
         self.comm = check_comm(comm)
         self.leader_algorithm = _check_leader_algorithm(hierarchical_leader_algorithm)
         self.ranks_per_host = _check_ranks_per_host(hierarchical_ranks_per_host)
-        rank = comm.Get_rank()
+        comm = self.comm
+        rank = comm.rank
         if self.ranks_per_host is None:
-            self.local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+            self.local_comm = comm.split_by_host(key=rank)
         else:
-            self.local_comm = comm.Split(rank // self.ranks_per_host, key=rank)
-        self.is_leader = self.local_comm.Get_rank() == 0
-        self.leader_comm = comm.Split(0 if self.is_leader else MPI.UNDEFINED, key=rank)
+            self.local_comm = comm.split(rank // self.ranks_per_host, key=rank)
+        self.is_leader = self.local_comm.rank == 0
+        self.leader_comm = comm.split(0 if self.is_leader else None, key=rank) or NULL
         # Every rank learns the host count, so all ranks can report the same topology.
-        self.host_count = comm.allreduce(1 if self.is_leader else 0)
+        self.host_count = sum(comm.allgather(1 if self.is_leader else 0))
 
     def __call__(
         self,
@@ -116,7 +120,7 @@ class HierarchicalAllreduce:
         Buffers are contiguous 1-D numpy arrays of equal size and dtype on every rank;
         ``sendbuf is recvbuf`` reduces in place. Returns ``recvbuf``.
         """
-        if self.local_comm == MPI.COMM_NULL:
+        if self.local_comm.freed:
             raise ValueError("this HierarchicalAllreduce was freed; build a new one")
         ufunc = reduction_ufunc(op)
         send, recv = check_send_recv_pair(sendbuf, recvbuf)
@@ -131,29 +135,18 @@ class HierarchicalAllreduce:
     def free(self) -> None:
         """Free the sub-communicators (collective over the parent's ranks); idempotent."""
         for name in ("leader_comm", "local_comm"):
-            sub = getattr(self, name)
-            if sub != MPI.COMM_NULL and not MPI.Is_finalized():
-                sub.Free()
-            setattr(self, name, MPI.COMM_NULL)
+            getattr(self, name).free()
+            setattr(self, name, NULL)
 
     def __repr__(self) -> str:
         return (
-            f"HierarchicalAllreduce(size={self.comm.Get_size()}, hosts={self.host_count}, "
+            f"HierarchicalAllreduce(size={self.comm.size}, hosts={self.host_count}, "
             f"leader_algorithm={self.leader_algorithm!r}, ranks_per_host={self.ranks_per_host})"
         )
 
 
-def _free_cached_instances(comm: MPI.Comm, keyval: int, cache: dict) -> None:
-    """MPI attribute delete callback: free the cached sub-communicators with their parent."""
-    for instance in cache.values():
-        instance.free()
-
-
-_CACHE_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_cached_instances)
-
-
 def cached_hierarchical_allreduce(
-    comm: MPI.Intracomm,
+    comm: CommLike,
     *,
     hierarchical_leader_algorithm: str | None = None,
     hierarchical_ranks_per_host: int | None = None,
@@ -179,22 +172,18 @@ def cached_hierarchical_allreduce(
             )
         ranks_per_host = int(text)
     ranks_per_host = _check_ranks_per_host(ranks_per_host)
-    cache = comm.Get_attr(_CACHE_KEYVAL)
-    if cache is None:
-        cache = {}
-        comm.Set_attr(_CACHE_KEYVAL, cache)
-    key = (leader_algorithm, ranks_per_host)
-    if key not in cache:
-        cache[key] = HierarchicalAllreduce(
+    return comm.cached(
+        (HierarchicalAllreduce, leader_algorithm, ranks_per_host),
+        lambda: HierarchicalAllreduce(
             comm,
             hierarchical_leader_algorithm=leader_algorithm,
             hierarchical_ranks_per_host=ranks_per_host,
-        )
-    return cache[key]
+        ),
+    )
 
 
 def hierarchical_allreduce(
-    comm: MPI.Intracomm,
+    comm: CommLike,
     sendbuf: np.ndarray,
     recvbuf: np.ndarray,
     op: ReduceOp | str = ReduceOp.SUM,

@@ -1,4 +1,4 @@
-"""Reduction operators for the point-to-point collectives: ReduceOp -> numpy ufunc and MPI op.
+"""Reduction operators for the point-to-point collectives: ReduceOp -> numpy ufunc.
 
 The algorithms combine a received block into the local one with ``ufunc(local, received,
 out=local)``, so every reduction is elementwise, in place, and works for any numpy (or
@@ -7,7 +7,6 @@ array-API) array. Average is not an operator here: the caller sums, then scales 
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from dlcomm.ops import ReduceOp, as_reduce_op
 
@@ -16,13 +15,6 @@ _UFUNCS: dict[ReduceOp, np.ufunc] = {
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
     ReduceOp.PRODUCT: np.multiply,
-}
-
-_MPI_OPS: dict[ReduceOp, MPI.Op] = {
-    ReduceOp.SUM: MPI.SUM,
-    ReduceOp.MIN: MPI.MIN,
-    ReduceOp.MAX: MPI.MAX,
-    ReduceOp.PRODUCT: MPI.PROD,
 }
 
 SUPPORTED_OPS = tuple(_UFUNCS)
@@ -46,11 +38,6 @@ def as_collective_op(op: object) -> ReduceOp:
 def reduction_ufunc(op: object) -> np.ufunc:
     """The numpy ufunc that combines two blocks for ``op`` (sum, min, max, product)."""
     return _UFUNCS[as_collective_op(op)]
-
-
-def mpi_op(op: object) -> MPI.Op:
-    """The predefined MPI operator for ``op``, used by the ``native`` algorithm."""
-    return _MPI_OPS[as_collective_op(op)]
 
 
 def reduce_into(accumulator: np.ndarray, incoming: np.ndarray, ufunc: np.ufunc) -> None:

@@ -1,34 +1,43 @@
 """All-reduce algorithms found by name, and the one ``DLCOMM_ALLREDUCE_ALGORITHM`` selects.
 
 Every entry has the signature ``algorithm(comm, sendbuf, recvbuf, op) -> recvbuf``, so the
-engine can swap them without knowing which one runs.
+engine can swap them without knowing which one runs. An algorithm whose reduce-scatter must
+reduce like its all-reduce (``ordered``) names that reduce-scatter in ``REDUCE_SCATTERS``;
+the engine's reduce-scatter then uses it, others use MPI's own.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-from mpi4py import MPI
 
+from dlcomm.collectives.buffers import CommLike
 from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.hierarchical import hierarchical_allreduce
-from dlcomm.collectives.native import native_allreduce
+from dlcomm.collectives.mpi_allreduce import mpi_allreduce
+from dlcomm.collectives.ordered import ordered_allreduce, ordered_reduce_scatter
 from dlcomm.collectives.ring import ring_allreduce
 from dlcomm.collectives.tree import tree_allreduce
 from dlcomm.ops import ReduceOp
 
-AllreduceAlgorithm = Callable[[MPI.Intracomm, np.ndarray, np.ndarray, "ReduceOp | str"], np.ndarray]
+AllreduceAlgorithm = Callable[[CommLike, np.ndarray, np.ndarray, "ReduceOp | str"], np.ndarray]
+ReduceScatterAlgorithm = Callable[
+    [CommLike, np.ndarray, np.ndarray, Sequence[int], "ReduceOp | str"], np.ndarray]
 
 ALLREDUCE_ALGORITHMS: dict[str, AllreduceAlgorithm] = {
-    "native": native_allreduce,
+    "ordered": ordered_allreduce,
+    "mpi": mpi_allreduce,
     "ring": ring_allreduce,
     "rhd": rhd_allreduce,
     "tree": tree_allreduce,
     "hierarchical": hierarchical_allreduce,
 }
 ALLREDUCE_ALGORITHM_ENV = "DLCOMM_ALLREDUCE_ALGORITHM"
-DEFAULT_ALLREDUCE_ALGORITHM = "native"
+DEFAULT_ALLREDUCE_ALGORITHM = "ordered"
+ALIASES = {"native": "mpi"}  # earlier names, still accepted
+# The reduce-scatter that reduces exactly like the all-reduce of the same name.
+REDUCE_SCATTERS: dict[str, ReduceScatterAlgorithm] = {"ordered": ordered_reduce_scatter}
 
 
 def get_allreduce_algorithm(allreduce_algorithm: str) -> AllreduceAlgorithm:
@@ -40,23 +49,27 @@ def get_allreduce_algorithm(allreduce_algorithm: str) -> AllreduceAlgorithm:
     if not isinstance(name, str):
         raise TypeError(f"algorithm name must be a string, got {type(name).__name__}")
     key = name.strip().lower()
+    key = ALIASES.get(key, key)
     if key not in ALLREDUCE_ALGORITHMS:
         valid = ", ".join(ALLREDUCE_ALGORITHMS)
-        raise ValueError(f"unknown all-reduce algorithm {name!r}; valid names: {valid}")
+        aliases = ", ".join(f"{a} = {b}" for a, b in ALIASES.items())
+        raise ValueError(f"unknown all-reduce algorithm {name!r}; valid names: {valid} "
+                         f"(also {aliases})")
     return ALLREDUCE_ALGORITHMS[key]
 
 
 def algorithm_name_from_env(environ: Mapping[str, str] | None = None) -> str:
-    """The algorithm name in ``DLCOMM_ALLREDUCE_ALGORITHM`` (default ``native``), validated."""
+    """The algorithm name in ``DLCOMM_ALLREDUCE_ALGORITHM`` (default ``ordered``), validated;
+    an earlier name comes back as the current one (``native`` -> ``mpi``)."""
     environ = os.environ if environ is None else environ
     raw = environ.get(ALLREDUCE_ALGORITHM_ENV, "").strip() or DEFAULT_ALLREDUCE_ALGORITHM
     try:
         get_allreduce_algorithm(raw)
     except ValueError as exc:
         raise ValueError(f"{ALLREDUCE_ALGORITHM_ENV}: {exc}") from None
-    return raw.lower()
+    return ALIASES.get(raw.lower(), raw.lower())
 
 
 def algorithm_from_env(environ: Mapping[str, str] | None = None) -> AllreduceAlgorithm:
-    """The all-reduce function that ``DLCOMM_ALLREDUCE_ALGORITHM`` names (default ``native``)."""
+    """The all-reduce function that ``DLCOMM_ALLREDUCE_ALGORITHM`` names (default ``ordered``)."""
     return get_allreduce_algorithm(algorithm_name_from_env(environ))

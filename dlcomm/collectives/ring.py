@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from mpi4py import MPI
 
 from dlcomm.collectives.buffers import (
-    as_bytes,
+    CommLike,
+    PointToPoint,
     check_comm,
     check_flat_array,
     check_send_recv_pair,
@@ -26,7 +26,7 @@ from dlcomm.ops import ReduceOp
 
 
 def ring_reduce_scatter_inplace(
-    comm: MPI.Intracomm, work: np.ndarray, offsets: Sequence[int], ufunc: np.ufunc
+    comm: PointToPoint, work: np.ndarray, offsets: Sequence[int], ufunc: np.ufunc
 ) -> None:
     """Reduce ``work`` around the ring so that rank r's block r holds the full reduction.
 
@@ -34,7 +34,7 @@ def ring_reduce_scatter_inplace(
     blocks of ``work`` are left partially reduced. At step s rank r sends block r-s-1 to
     r+1 and receives block r-s-2 from r-1, so after p-1 steps block r is complete.
     """
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, rank = comm.size, comm.rank
     if size == 1:
         return
     right, left = (rank + 1) % size, (rank - 1) % size
@@ -44,40 +44,39 @@ def ring_reduce_scatter_inplace(
         send_block = (rank - step - 1) % size
         recv_block = (rank - step - 2) % size
         lo, hi = offsets[recv_block], offsets[recv_block + 1]
-        comm.Sendrecv(
-            as_bytes(work[offsets[send_block]:offsets[send_block + 1]]), right,
+        comm.sendrecv_into(
+            work[offsets[send_block]:offsets[send_block + 1]], right,
+            incoming[: hi - lo], left,
             CollectiveTag.RING_REDUCE_SCATTER,
-            as_bytes(incoming[: hi - lo]), left, CollectiveTag.RING_REDUCE_SCATTER,
         )
         reduce_into(work[lo:hi], incoming[: hi - lo], ufunc)
 
 
 def ring_allgather_inplace(
-    comm: MPI.Intracomm, work: np.ndarray, offsets: Sequence[int]
+    comm: PointToPoint, work: np.ndarray, offsets: Sequence[int]
 ) -> None:
     """Circulate blocks around the ring until every rank holds all of them.
 
     Rank r starts with block r filled in; at step s it sends block r-s to r+1 and
     receives block r-s-1 from r-1 straight into place.
     """
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, rank = comm.size, comm.rank
     if size == 1:
         return
     right, left = (rank + 1) % size, (rank - 1) % size
     for step in range(size - 1):
         send_block = (rank - step) % size
         recv_block = (rank - step - 1) % size
-        comm.Sendrecv(
-            as_bytes(work[offsets[send_block]:offsets[send_block + 1]]), right,
-            CollectiveTag.RING_ALLGATHER,
-            as_bytes(work[offsets[recv_block]:offsets[recv_block + 1]]), left,
+        comm.sendrecv_into(
+            work[offsets[send_block]:offsets[send_block + 1]], right,
+            work[offsets[recv_block]:offsets[recv_block + 1]], left,
             CollectiveTag.RING_ALLGATHER,
         )
 
 
 @raise_collective_errors
 def ring_allreduce(
-    comm: MPI.Intracomm,
+    comm: CommLike,
     sendbuf: np.ndarray,
     recvbuf: np.ndarray,
     op: ReduceOp | str = ReduceOp.SUM,
@@ -92,7 +91,7 @@ def ring_allreduce(
     send, recv = check_send_recv_pair(sendbuf, recvbuf)
     if not is_same_buffer(send, recv):
         np.copyto(recv, send)
-    offsets = displacements(equal_counts(recv.size, comm.Get_size()))
+    offsets = displacements(equal_counts(recv.size, comm.size))
     ring_reduce_scatter_inplace(comm, recv, offsets, ufunc)
     ring_allgather_inplace(comm, recv, offsets)
     return recv
@@ -100,7 +99,7 @@ def ring_allreduce(
 
 @raise_collective_errors
 def ring_reduce_scatter(
-    comm: MPI.Intracomm,
+    comm: CommLike,
     sendbuf: np.ndarray,
     recvbuf: np.ndarray,
     counts: Sequence[int],
@@ -115,7 +114,7 @@ def ring_reduce_scatter(
     comm = check_comm(comm)
     ufunc = reduction_ufunc(op)
     send, recv = check_send_recv_pair(sendbuf, recvbuf, same_size=False)
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, rank = comm.size, comm.rank
     counts = validate_counts(counts, size)
     offsets = displacements(counts)
     if send.size != offsets[-1]:
@@ -136,7 +135,7 @@ def ring_reduce_scatter(
 
 @raise_collective_errors
 def ring_allgather(
-    comm: MPI.Intracomm,
+    comm: CommLike,
     sendbuf: np.ndarray,
     recvbuf: np.ndarray,
     counts: Sequence[int],
@@ -149,7 +148,7 @@ def ring_allgather(
     Returns ``recvbuf``.
     """
     comm = check_comm(comm)
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, rank = comm.size, comm.rank
     counts = validate_counts(counts, size)
     send = check_flat_array("sendbuf", sendbuf)
     recv = check_flat_array("recvbuf", recvbuf, writeable=True)

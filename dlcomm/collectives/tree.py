@@ -7,10 +7,10 @@ halving-doubling for large ones.
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from dlcomm.collectives.buffers import (
-    as_bytes,
+    CommLike,
+    PointToPoint,
     check_comm,
     check_flat_array,
     check_send_recv_pair,
@@ -32,7 +32,7 @@ def _check_root(root: object, size: int) -> int:
 
 
 def binomial_reduce_inplace(
-    comm: MPI.Intracomm, work: np.ndarray, ufunc: np.ufunc, root: int = 0
+    comm: PointToPoint, work: np.ndarray, ufunc: np.ufunc, root: int = 0
 ) -> None:
     """Reduce every rank's ``work`` into ``work`` on ``root`` along a binomial tree.
 
@@ -40,7 +40,7 @@ def binomial_reduce_inplace(
     sends its partial result to ``v - 2**k`` and stops; the others receive from
     ``v + 2**k`` when that rank exists. ``work`` on non-root ranks ends partially reduced.
     """
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, rank = comm.size, comm.rank
     if size == 1:
         return
     relative = (rank - root) % size
@@ -48,45 +48,45 @@ def binomial_reduce_inplace(
     mask = 1
     while mask < size:
         if relative & mask:
-            comm.Send(as_bytes(work), (relative - mask + root) % size, CollectiveTag.TREE_REDUCE)
+            comm.send(work, (relative - mask + root) % size, CollectiveTag.TREE_REDUCE)
             return
         child = relative + mask
         if child < size:
             if incoming is None:
                 incoming = np.empty_like(work)
-            comm.Recv(as_bytes(incoming), (child + root) % size, CollectiveTag.TREE_REDUCE)
+            comm.recv(incoming, (child + root) % size, CollectiveTag.TREE_REDUCE)
             reduce_into(work, incoming, ufunc)
         mask <<= 1
 
 
-def binomial_broadcast_inplace(comm: MPI.Intracomm, buf: np.ndarray, root: int = 0) -> None:
+def binomial_broadcast_inplace(comm: PointToPoint, buf: np.ndarray, root: int = 0) -> None:
     """Copy ``buf`` from ``root`` to every rank along a binomial tree (no argument checks)."""
-    size, rank = comm.Get_size(), comm.Get_rank()
+    size, rank = comm.size, comm.rank
     if size == 1:
         return
     relative = (rank - root) % size
     mask = 1
     while mask < size:  # receive once, from the parent that clears our lowest set bit
         if relative & mask:
-            comm.Recv(as_bytes(buf), (relative - mask + root) % size, CollectiveTag.TREE_BROADCAST)
+            comm.recv(buf, (relative - mask + root) % size, CollectiveTag.TREE_BROADCAST)
             break
         mask <<= 1
     mask >>= 1
     while mask > 0:  # then forward to the children below that bit
         if relative + mask < size:
-            comm.Send(as_bytes(buf), (relative + mask + root) % size, CollectiveTag.TREE_BROADCAST)
+            comm.send(buf, (relative + mask + root) % size, CollectiveTag.TREE_BROADCAST)
         mask >>= 1
 
 
 @raise_collective_errors
-def binomial_broadcast(comm: MPI.Intracomm, buf: np.ndarray, root: int = 0) -> np.ndarray:
+def binomial_broadcast(comm: CommLike, buf: np.ndarray, root: int = 0) -> np.ndarray:
     """Broadcast ``buf`` from ``root`` to all ranks in place along a binomial tree.
 
     ``buf`` is a contiguous 1-D numpy array of the same size and dtype on every rank.
     Returns ``buf``.
     """
     comm = check_comm(comm)
-    root = _check_root(root, comm.Get_size())
+    root = _check_root(root, comm.size)
     buf = check_flat_array("buf", buf, writeable=True)
     binomial_broadcast_inplace(comm, buf, root)
     return buf
@@ -94,7 +94,7 @@ def binomial_broadcast(comm: MPI.Intracomm, buf: np.ndarray, root: int = 0) -> n
 
 @raise_collective_errors
 def binomial_reduce(
-    comm: MPI.Intracomm,
+    comm: CommLike,
     sendbuf: np.ndarray,
     recvbuf: np.ndarray,
     op: ReduceOp | str = ReduceOp.SUM,
@@ -107,7 +107,7 @@ def binomial_reduce(
     """
     comm = check_comm(comm)
     ufunc = reduction_ufunc(op)
-    root = _check_root(root, comm.Get_size())
+    root = _check_root(root, comm.size)
     send, recv = check_send_recv_pair(sendbuf, recvbuf)
     if not is_same_buffer(send, recv):
         np.copyto(recv, send)
@@ -117,7 +117,7 @@ def binomial_reduce(
 
 @raise_collective_errors
 def tree_allreduce(
-    comm: MPI.Intracomm,
+    comm: CommLike,
     sendbuf: np.ndarray,
     recvbuf: np.ndarray,
     op: ReduceOp | str = ReduceOp.SUM,

@@ -9,8 +9,8 @@ from typing import Any
 def nccl_available() -> bool:
     """True when CuPy and its NCCL bindings import and a GPU is visible."""
     try:
-        import cupy
-        from cupy.cuda import nccl  # noqa: F401
+        import cupy  # noqa: PLC0415 - optional dependency (GPU data path)
+        from cupy.cuda import nccl  # noqa: F401, PLC0415 - optional dependency
     except Exception:
         return False
     try:

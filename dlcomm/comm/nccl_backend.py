@@ -9,22 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlcomm.comm.mpi_backend import as_communicator
 from dlcomm.ops import ReduceOp
 
 
-def exchange_unique_id(mpi_comm: Any, root: int = 0) -> bytes:
-    """Rank ``root`` creates an NCCL unique id; every rank of ``mpi_comm`` returns it."""
-    from cupy.cuda import nccl
+def exchange_unique_id(comm: Any, root: int = 0) -> bytes:
+    """Rank ``root`` creates an NCCL unique id; every rank of ``comm`` (an MPI transport
+    communicator, or an mpi4py one) returns it."""
+    from cupy.cuda import nccl  # noqa: PLC0415 - optional dependency (GPU data path)
 
-    uid = nccl.get_unique_id() if mpi_comm.Get_rank() == root else None
-    uid = mpi_comm.bcast(uid, root=root)
+    comm = as_communicator(comm)
+    uid = nccl.get_unique_id() if comm.rank == root else None
+    uid = comm.bcast_object(uid, root=root)
     if not isinstance(uid, (bytes, tuple)) or len(uid) != 128:
         raise RuntimeError(f"bad NCCL unique id from rank {root}: {type(uid).__name__}")
     return bytes(uid) if isinstance(uid, bytes) else bytes(b % 256 for b in uid)
 
 
 def _nccl_dtype(dtype: Any) -> int:
-    from cupy.cuda import nccl
+    from cupy.cuda import nccl  # noqa: PLC0415 - optional dependency (GPU data path)
 
     table = {
         "float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32,
@@ -38,7 +41,7 @@ def _nccl_dtype(dtype: Any) -> int:
 
 
 def _nccl_op(op: ReduceOp) -> int:
-    from cupy.cuda import nccl
+    from cupy.cuda import nccl  # noqa: PLC0415 - optional dependency (GPU data path)
 
     return {ReduceOp.SUM: nccl.NCCL_SUM, ReduceOp.AVERAGE: nccl.NCCL_SUM,
             ReduceOp.MIN: nccl.NCCL_MIN, ReduceOp.MAX: nccl.NCCL_MAX,
@@ -46,15 +49,17 @@ def _nccl_op(op: ReduceOp) -> int:
 
 
 class NCCLCommunicator:
-    """A ``Communicator`` over NCCL for the ranks of ``mpi_comm`` (one GPU per rank)."""
+    """A ``Communicator`` over NCCL for the ranks of ``comm`` (the MPI transport communicator
+    of the same ranks, which carries the unique id; one GPU per rank)."""
 
-    def __init__(self, mpi_comm: Any) -> None:
-        import cupy
-        from cupy.cuda import nccl
+    def __init__(self, comm: Any) -> None:
+        import cupy  # noqa: PLC0415 - optional dependency (GPU data path)
+        from cupy.cuda import nccl  # noqa: PLC0415 - optional dependency (GPU data path)
 
-        self.rank = mpi_comm.Get_rank()
-        self.size = mpi_comm.Get_size()
-        uid = exchange_unique_id(mpi_comm)
+        comm = as_communicator(comm)
+        self.rank = comm.rank
+        self.size = comm.size
+        uid = exchange_unique_id(comm)
         self._nccl = nccl
         self._comm = nccl.NcclCommunicator(self.size, uid, self.rank)
         self._stream = cupy.cuda.Stream(non_blocking=True)

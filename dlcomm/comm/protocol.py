@@ -1,10 +1,17 @@
-"""The communicator protocol the engine talks to; MPI and NCCL backends implement it.
+"""The transport's communicator: what the layers above ask of MPI (``mpi_backend``) or NCCL.
 
 Buffers are 1-D contiguous arrays (numpy for MPI, CuPy for NCCL); counts are in elements.
-Only the engine's background thread calls these methods.
+Three groups of users, three groups of methods:
+
+* the engine (``Communicator``): the collectives it executes, in place on given buffers;
+* compressed exchange (``ExchangeComm`` in ``dlcomm.compression``): ``allreduce_sum``,
+  ``allgather`` and ``sendrecv`` on arrays of any size, returning new arrays;
+* collective algorithms and heterogeneity algorithms (``PointToPoint``): blocking and
+  non-blocking messages into given buffers, a non-blocking barrier, and sub-communicators.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from dlcomm.ops import ReduceOp
@@ -17,7 +24,7 @@ class PendingRequest(Protocol):
 
 
 class Communicator(Protocol):
-    """Collectives over a fixed group of processes."""
+    """Collectives over a fixed group of processes (what the engine executes)."""
 
     rank: int
     size: int
@@ -38,3 +45,44 @@ class Communicator(Protocol):
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any, counts: list[int],
                        op: ReduceOp) -> None:
         """Reduce, then rank i keeps the i-th slice (``counts[i]`` elements)."""
+
+
+class PointToPoint(Protocol):
+    """Messages between two ranks and sub-communicators (MPI backend only)."""
+
+    rank: int
+    size: int
+
+    def send(self, buf: Any, dest: int, tag: int) -> None:
+        """Send the bytes of ``buf`` to ``dest`` (blocking)."""
+
+    def recv(self, buf: Any, source: int, tag: int) -> None:
+        """Receive ``buf.nbytes`` bytes from ``source`` into ``buf`` (blocking)."""
+
+    def sendrecv_into(self, sendbuf: Any, dest: int, recvbuf: Any, source: int,
+                      tag: int) -> None:
+        """Send ``sendbuf`` to ``dest`` while receiving ``recvbuf`` from ``source``."""
+
+    def isend(self, buf: Any, dest: int, tag: int) -> PendingRequest:
+        """Start sending ``buf`` to ``dest``."""
+
+    def irecv(self, buf: Any, source: int, tag: int) -> PendingRequest:
+        """Start receiving into ``buf`` from ``source``."""
+
+    def test_all(self, requests: Sequence[PendingRequest]) -> bool:
+        """True once every one of ``requests`` completed."""
+
+    def ibarrier(self) -> PendingRequest:
+        """Start a barrier over every rank."""
+
+    def allgather(self, value: Any) -> list:
+        """Every rank's ``value`` (an array, or any picklable value), in rank order."""
+
+    def split(self, color: int | None, key: int) -> Any:
+        """The ranks that passed the same ``color`` (``None``: no communicator)."""
+
+    def dup(self) -> Any:
+        """A communicator over the same ranks whose messages never meet this one's."""
+
+    def free(self) -> None:
+        """Release the communicator (collective)."""

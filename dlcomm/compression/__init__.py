@@ -8,7 +8,7 @@ Quick use::
 
 See docs/compression.md for the interface, each compressor and the measured throughput.
 """
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
 from dlcomm.compression.base import (
     ALLGATHER,
     ALLREDUCE,
@@ -21,13 +21,13 @@ from dlcomm.compression.casts import BF16Compressor, FP16Compressor, NoneCompres
 from dlcomm.compression.error_feedback import ErrorFeedback
 from dlcomm.compression.exchange import (
     ExchangeComm,
+    MPICommAdapter,
     SelfComm,
     compressed_allreduce,
     sparse_tree_merge,
 )
 from dlcomm.compression.gtopk import GTopK
 from dlcomm.compression.lowrank import ACPSGD, PowerSGD
-from dlcomm.compression.mpi_adapter import MPICommAdapter
 from dlcomm.compression.payload_cast import PayloadCast
 from dlcomm.compression.qsgd import QSGD
 from dlcomm.compression.registry import (

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlcomm import native
-from dlcomm.compression.array_api import array_namespace
+from dlcomm import kernels
+from dlcomm.array_api import array_namespace
+from dlcomm.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 from dlcomm.compression.base import ALLGATHER, ALLREDUCE, Compressor, Context
-from dlcomm.compression.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 
 
 class NoneCompressor(Compressor):
@@ -36,14 +36,14 @@ class FP16Compressor(Compressor):
 
     def _compress(self, tensor: object, name: str) -> tuple[list, Context]:
         xp = array_namespace(tensor)
-        if xp is np and tensor.dtype == np.float32 and native.available():
-            return [native.float32_to_float16(tensor)], self._context(tensor, name)  # same bits
+        if xp is np and tensor.dtype == np.float32 and kernels.available():
+            return [kernels.float32_to_float16(tensor)], self._context(tensor, name)  # same bits
         return [tensor.astype(xp.float16)], self._context(tensor, name)
 
     def decompress(self, payloads: list, ctx: Context) -> object:
         p = payloads[0].reshape(ctx.shape)
-        if isinstance(p, np.ndarray) and np.dtype(ctx.dtype) == np.float32 and native.available():
-            return native.float16_to_float32(p)  # same bits as astype, several times faster
+        if isinstance(p, np.ndarray) and np.dtype(ctx.dtype) == np.float32 and kernels.available():
+            return kernels.float16_to_float32(p)  # same bits as astype, several times faster
         return p.astype(ctx.dtype)
 
 
@@ -55,14 +55,14 @@ class BF16Compressor(Compressor):
 
     def _compress(self, tensor: object, name: str) -> tuple[list, Context]:
         flat = tensor.reshape(-1)
-        if isinstance(flat, np.ndarray) and flat.dtype == np.float32 and native.available():
-            return [native.float32_to_bf16_bits(flat)], self._context(tensor, name)  # same bits
+        if isinstance(flat, np.ndarray) and flat.dtype == np.float32 and kernels.available():
+            return [kernels.float32_to_bf16_bits(flat)], self._context(tensor, name)  # same bits
         return [float_to_bf16_bits(flat)], self._context(tensor, name)
 
     def decompress(self, payloads: list, ctx: Context) -> object:
         bits = payloads[0]
-        if isinstance(bits, np.ndarray) and bits.dtype == np.uint16 and native.available():
-            out = native.bf16_bits_to_float32(bits).reshape(ctx.shape)
+        if isinstance(bits, np.ndarray) and bits.dtype == np.uint16 and kernels.available():
+            out = kernels.bf16_bits_to_float32(bits).reshape(ctx.shape)
         else:
             out = bf16_bits_to_float(bits).reshape(ctx.shape)
         return out.astype(ctx.dtype, copy=out.dtype != np.dtype(ctx.dtype))

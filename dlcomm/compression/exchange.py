@@ -1,14 +1,19 @@
-"""Compressed all-reduce of one tensor over a communicator (the unfused path).
+"""Compressed all-reduce over a communicator: the one driver of compressors' rounds.
 
-``compressed_allreduce`` drives a compressor's rounds (see ``base``) with three collectives
+``run_rounds`` drives the rounds (see ``base``) of one or many tensors with three collectives
 from a small ``ExchangeComm`` protocol: all-reduce sum, all-gather of variable-sized arrays,
-and pairwise send-receive for gTop-k's merge tree. ``MPICommAdapter`` provides it on mpi4py.
+and pairwise send-receive for gTop-k's merge tree. The transport's communicator
+(``dlcomm.comm``) provides it; ``MPICommAdapter(mpi4py_comm)`` wraps an mpi4py one.
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
 from dlcomm.compression.base import (
     ALLGATHER,
     ALLREDUCE,
@@ -52,6 +57,14 @@ class SelfComm:
         raise ValueError(f"a one-rank communicator has no peer {peer}")
 
 
+def MPICommAdapter(mpi_comm: object) -> ExchangeComm:  # noqa: N802 - its name as a class
+    """An mpi4py communicator as an ``ExchangeComm``: the transport's communicator over it."""
+    # Importing the transport imports mpi4py.MPI, which starts MPI: only when asked for.
+    from dlcomm.comm.mpi_backend import as_communicator  # noqa: PLC0415 - MPI start-up
+
+    return as_communicator(mpi_comm)
+
+
 def compressed_allreduce(
     compressor: Compressor, tensor: object, name: str, comm: ExchangeComm, average: bool = True
 ) -> object:
@@ -65,28 +78,88 @@ def compressed_allreduce(
     check_tensor(tensor, name)
     if not isinstance(comm, ExchangeComm):
         raise TypeError("comm must provide size, rank, allreduce_sum, allgather and sendrecv")
-    op = "average" if average else "sum"
-    if not compressor.applies_to(tensor):
-        out = comm.allreduce_sum(tensor)
-        return out / out.dtype.type(comm.size) if average else out
-    payloads, ctx = compressor.compress(tensor, name)
-    rounds = compressor.rounds
-    for i, kind in enumerate(rounds):
-        if kind == ALLREDUCE:
-            result = [comm.allreduce_sum(p) for p in payloads]
-        elif kind == ALLGATHER:
-            gathered = [comm.allgather(p.reshape(-1)) for p in payloads]
-            result = [list(per_rank) for per_rank in zip(*gathered)]
-        elif kind == SPARSE_MERGE and i < len(rounds) - 1:
-            result = sparse_tree_merge(compressor, payloads, ctx, comm)
-        else:
-            raise ValueError(f"{compressor.name}: round {i} of kind {kind!r} is not supported")
-        if i < len(rounds) - 1:
-            payloads, ctx = compressor.resume(result, ctx)
-    if rounds[-1] == ALLREDUCE:
-        out = compressor.decompress(result, ctx)
-        return out / out.dtype.type(comm.size) if average else out
-    return compressor.decompress_all(result, ctx, op)
+    ((out, summed),) = run_rounds([(compressor, tensor, name)], comm, average)
+    return out / out.dtype.type(comm.size) if average and summed else out
+
+
+@dataclass
+class _Tensor:
+    """One tensor's progress through its compressor's rounds."""
+
+    compressor: Compressor
+    payloads: list
+    ctx: Context | None
+    dense: bool  # bypasses compression: summed as it is in the first round
+    result: Any = None
+
+    def round_kind(self, r: int) -> str | None:
+        """The collective of round ``r`` for this tensor, None once it is done."""
+        if self.dense:
+            return ALLREDUCE if r == 0 else None
+        rounds = self.compressor.rounds
+        return rounds[r] if r < len(rounds) else None
+
+
+def run_rounds(
+    items: Sequence[tuple[Compressor, object, str]], comm: ExchangeComm, average: bool,
+    sum_payloads: Callable[[list], list] | None = None,
+    phase: Callable[[int, str], AbstractContextManager] | None = None,
+) -> list[tuple[object, bool]]:
+    """Drive the compressors' rounds for several tensors at once: the one round loop of
+    compressed all-reduce, behind ``compressed_allreduce`` and the engine's fused path.
+
+    ``items`` are ``(compressor, tensor, name)``; tensors a compressor does not apply to go
+    dense in the first round. All-reduce rounds of every tensor are summed together by
+    ``sum_payloads(arrays) -> sums`` (default: one ``comm.allreduce_sum`` per array; the
+    engine passes one that fuses them); all-gather and sparse-merge rounds run per tensor, in
+    order. ``phase(index, name)`` (optional) wraps each tensor's compress and decompress, for
+    the timeline. Returns ``(value, summed)`` per tensor: the sum over ranks when ``summed``
+    (divide by ``comm.size`` to average), else already combined as ``average`` asks.
+    """
+    if sum_payloads is None:
+        def sum_payloads(arrays: list) -> list:
+            return [comm.allreduce_sum(a) for a in arrays]
+    if phase is None:
+        def phase(index: int, name: str) -> AbstractContextManager:
+            return contextlib.nullcontext()
+    tensors: list[_Tensor] = []
+    for i, (compressor, tensor, name) in enumerate(items):
+        with phase(i, "compress"):
+            if compressor.applies_to(tensor):
+                tensors.append(_Tensor(compressor, *compressor.compress(tensor, name), False))
+            else:  # small or 1-D
+                tensors.append(_Tensor(compressor, [tensor], None, True))
+    rounds = max((len(t.compressor.rounds) for t in tensors if not t.dense), default=1)
+    for r in range(rounds):
+        summing = [t for t in tensors if t.round_kind(r) == ALLREDUCE]
+        sums = sum_payloads([p for t in summing for p in t.payloads])
+        pos = 0
+        for t in summing:
+            t.result, pos = sums[pos:pos + len(t.payloads)], pos + len(t.payloads)
+        for t in tensors:
+            kind = t.round_kind(r)
+            last = r == len(t.compressor.rounds) - 1
+            if kind == ALLGATHER:
+                gathered = [comm.allgather(p.reshape(-1)) for p in t.payloads]
+                t.result = [list(per_rank) for per_rank in zip(*gathered)]
+            elif kind == SPARSE_MERGE and not last:
+                t.result = sparse_tree_merge(t.compressor, t.payloads, t.ctx, comm)
+            elif kind not in (ALLREDUCE, None):
+                raise ValueError(f"{t.compressor.name}: round {r} of kind {kind!r} is not "
+                                 "supported")
+            if kind is not None and not t.dense and not last:
+                t.payloads, t.ctx = t.compressor.resume(t.result, t.ctx)
+    out: list[tuple[object, bool]] = []
+    for i, t in enumerate(tensors):
+        with phase(i, "decompress"):
+            if t.dense:
+                out.append((t.result[0], True))
+            elif t.compressor.rounds[-1] == ALLREDUCE:
+                out.append((t.compressor.decompress(t.result, t.ctx), True))
+            else:
+                op = "average" if average else "sum"
+                out.append((t.compressor.decompress_all(t.result, t.ctx, op), False))
+    return out
 
 
 def sparse_tree_merge(

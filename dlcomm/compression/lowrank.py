@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlcomm.compression.array_api import (
+from dlcomm.array_api import (
     array_namespace,
     compute_dtype,
     from_host,
@@ -50,6 +50,15 @@ def random_factor(seed: int, name: str, which: int, shape: tuple[int, int], like
     """A standard-normal matrix that is identical on every rank for (seed, name, which)."""
     host = name_seed(seed, name, which).standard_normal(shape)
     return from_host(host.astype(like.dtype), like)
+
+
+def minus_projection(tensor: object, basis: object, side: str) -> object:
+    """``tensor`` (as its matrix) less its projection onto the orthonormal columns ``basis``:
+    ``M - B (B^T M)`` for ``side="left"``, ``M - (M B) B^T`` for ``side="right"``; same shape
+    and dtype as ``tensor``."""
+    m = as_matrix(tensor)
+    projected = basis @ (basis.T @ m) if side == "left" else (m @ basis) @ basis.T
+    return (m - projected).reshape(tensor.shape).astype(tensor.dtype, copy=False)
 
 
 def low_rank_product(p: object, q: object, ctx: Context) -> object:
@@ -91,6 +100,9 @@ class PowerSGD(Compressor):
 
     def local_estimate(self, payloads: list, ctx: Context) -> object:
         return low_rank_product(ctx.data["p"], payloads[0], ctx)
+
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object:
+        return minus_projection(tensor, ctx.data["p"], "left")
 
     def describe(self) -> str:
         return f"powersgd:rank={self.rank},seed={self.seed}"
@@ -141,6 +153,10 @@ class ACPSGD(Compressor):
         if ctx.data["computes"] == "p":
             return low_rank_product(payloads[0], ctx.data["fixed"], ctx)
         return low_rank_product(ctx.data["fixed"], payloads[0], ctx)
+
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object:
+        side = "right" if ctx.data["computes"] == "p" else "left"
+        return minus_projection(tensor, ctx.data["fixed"], side)
 
     def describe(self) -> str:
         return f"acpsgd:rank={self.rank},seed={self.seed}"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
+from dlcomm.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 from dlcomm.compression.base import ALLGATHER, Compressor, CompressorWrapper, Context
-from dlcomm.compression.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 
 CASTS = ("fp16", "bf16")
 _DTYPES = "payload_cast_dtypes"
@@ -68,6 +68,9 @@ class PayloadCast(CompressorWrapper):
 
     def local_estimate(self, payloads: list, ctx: Context) -> object:
         return self.inner.local_estimate(self._decode(payloads, ctx), ctx)
+
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object | None:
+        return self.inner.unsent(tensor, self._decode(payloads, ctx), ctx)
 
     def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
         return self.inner.decompress_all([self._decode(p, ctx) for p in per_rank], ctx, op)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlcomm import native
-from dlcomm.compression.array_api import array_namespace, compute_dtype
+from dlcomm import kernels as native  # the C++ kernels' loader
+from dlcomm.array_api import array_namespace, compute_dtype
 from dlcomm.compression.base import ALLGATHER, Compressor, Context, check_op
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dlcomm.compression.array_api import array_namespace
+import numpy as np
+
+from dlcomm import kernels
+from dlcomm.array_api import array_namespace
 
 MIN_SAMPLE = 1 << 16
 SAMPLE_HITS = 256
@@ -18,8 +21,6 @@ SAMPLE_HITS = 256
 
 def index_dtype(n: int) -> object:
     """int32 indices when they fit (half the bytes on the wire), else int64."""
-    import numpy as np  # noqa: PLC0415 - dtype objects are shared by numpy and cupy
-
     return np.int32 if n < 2**31 else np.int64
 
 
@@ -132,16 +133,12 @@ def native_topk_with_residual(
     """Approximate top-k of ``acc = grad + residual`` and the error-feedback residual, fused.
 
     Returns (values, indices, new_residual) equal to ``approx_topk_indices(acc, k)`` with
-    ``acc.flat[idx]`` and ``acc - scatter(values)`` (tests/test_native.py), computed by the
+    ``acc.flat[idx]`` and ``acc - scatter(values)`` (tests/unit/test_kernels.py), computed by the
     native kernels without materialising ``acc``; None when they do not apply (not numpy,
     not float32/64, library not built, exact selection needed), so the caller runs the
     reference instead.
     """
-    import numpy as np  # noqa: PLC0415
-
-    from dlcomm import native  # noqa: PLC0415 - optional kernels, numpy arrays only
-
-    if not (native.available() and isinstance(grad, np.ndarray)
+    if not (kernels.available() and isinstance(grad, np.ndarray)
             and grad.dtype in (np.float32, np.float64)
             and grad.flags.c_contiguous
             and (residual is None or (isinstance(residual, np.ndarray)
@@ -156,9 +153,9 @@ def native_topk_with_residual(
     sample = flat[::step] if residual is None else flat[::step] + residual.reshape(-1)[::step]
     threshold = search_threshold(
         threshold_from_sample(np, np.abs(sample), n, k), k, tolerance, max_rounds,
-        lambda t: native.count_above(grad, t, residual),
+        lambda t: kernels.count_above(grad, t, residual),
     )
-    values, indices, new_residual = native.ef_select(grad, threshold, residual, index_dtype(n))
+    values, indices, new_residual = kernels.ef_select(grad, threshold, residual, index_dtype(n))
     if indices.size > k * (1 + tolerance):
         return None  # the reference narrows to exactly k among these: let it
     return values, indices, new_residual

@@ -8,6 +8,7 @@ until every rank that must take part has submitted it.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -17,14 +18,22 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm.collectives.registry import (
+    REDUCE_SCATTERS,
+    algorithm_name_from_env,
+    get_allreduce_algorithm,
+)
+from dlcomm.comm.counting import ByteCounter
 from dlcomm.comm.mpi_backend import MPICommunicator, dumps, loads
 from dlcomm.comm.polling import wait_polling
 from dlcomm.config import Config
-from dlcomm.engine.executor import Executor, ProcessSetState
+from dlcomm.engine.executor import Executor
 from dlcomm.engine.negotiation import WORLD, Coordinator, Response
+from dlcomm.engine.process_sets import ProcessSetState
 from dlcomm.engine.request import CACHEABLE, Handle, Kind, Request, Signature
 from dlcomm.engine.response_cache import ResponseCache
 from dlcomm.engine.stall import StallInspector
+from dlcomm.engine.timeline import open_timeline
 from dlcomm.errors import DLCommError, ShutdownError, StallError
 
 log = logging.getLogger("dlcomm")
@@ -39,23 +48,27 @@ _ALL_IDLE_WAIT_CAP = 0.05  # seconds: the same while the last round found every 
 class Engine:
     """Owns the communicators and the background thread of one ``init()``."""
 
-    def __init__(self, config: Config, world: Any) -> None:
+    def __init__(self, config: Config, world: MPICommunicator) -> None:
         self.config = config
-        self.rank = world.Get_rank()
-        self.size = world.Get_size()
+        self.rank = world.rank
+        self.size = world.size
         # Separate communicators keep negotiation messages apart from data messages.
-        self.control = MPICommunicator(world.Dup())
-        data = MPICommunicator(world.Dup(), _allreduce_algorithm())
+        self.control = world.dup()
+        data = world.dup().with_algorithm(*_data_algorithms())
+        self.counter = ByteCounter()  # payload bytes sent, counted by the data communicators
         self.process_sets: dict[int, ProcessSetState] = {
-            WORLD: ProcessSetState(WORLD, tuple(range(self.size)), data)
+            WORLD: ProcessSetState(WORLD, tuple(range(self.size)), data, self.counter)
         }
         self._next_set_id = 1
         self.coordinator = Coordinator(self.size)
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.timeline = _open_timeline(config.timeline, self.rank)
         self.executor = Executor(self.rank, config.fusion_threshold, self.timeline,
-                                 self.process_sets, self._add_process_set,
-                                 self._remove_process_set, self._apply_tunables)
+                                 self.process_sets, {
+                                     Kind.ADD_PROCESS_SET: self._add_process_set,
+                                     Kind.REMOVE_PROCESS_SET: self._remove_process_set,
+                                     Kind.SET_TUNABLES: self._apply_tunables,
+                                 })
         self._tunable_requests = itertools.count()
         self.stall = StallInspector(config.stall_warning_seconds,
                                     config.stall_shutdown_seconds, self.rank)
@@ -127,8 +140,6 @@ class Engine:
         self.submit(Request(name, sig)).wait()
 
     def _apply_tunables(self, resp: Response, req: Request | None) -> None:
-        import dataclasses
-
         threshold, cycle = resp.reference.extra
         self.config = dataclasses.replace(self.config, fusion_threshold=threshold,
                                           cycle_time=cycle)
@@ -140,7 +151,7 @@ class Engine:
 
     @property
     def bytes_sent(self) -> int:
-        return self.executor.bytes_sent
+        return self.counter.total
 
     # --- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -266,7 +277,7 @@ class Engine:
         comm = world.split(0 if self.rank in ranks else None, self.rank)
         set_id = self._next_set_id
         self._next_set_id += 1
-        self.process_sets[set_id] = ProcessSetState(set_id, ranks, comm)
+        self.process_sets[set_id] = ProcessSetState(set_id, ranks, comm, self.counter)
         self.coordinator.members[set_id] = ranks
         return set_id
 
@@ -274,21 +285,19 @@ class Engine:
         set_id = resp.reference.extra
         state = self.process_sets.pop(set_id)
         self.coordinator.members.pop(set_id, None)
-        if state.comm is not None:
-            state.comm.free()
+        state.free()
 
 
-def _allreduce_algorithm() -> Any:
-    """The dlcomm.collectives all-reduce chosen by DLCOMM_ALLREDUCE_ALGORITHM (None: native)."""
-    from dlcomm.collectives.registry import algorithm_name_from_env, get_allreduce_algorithm
-
+def _data_algorithms() -> tuple[Any, Any]:
+    """The dlcomm.collectives all-reduce chosen by DLCOMM_ALLREDUCE_ALGORITHM and the
+    reduce-scatter that reduces like it (None: MPI's own)."""
     name = algorithm_name_from_env()
-    return None if name == "native" else get_allreduce_algorithm(name)
+    if name == "mpi":
+        return None, None
+    return get_allreduce_algorithm(name), REDUCE_SCATTERS.get(name)
 
 
 def _open_timeline(path: str, rank: int) -> Any:
-    from dlcomm.engine.timeline import open_timeline
-
     if path and "{rank}" not in path and rank != 0:
         path = ""  # without '{rank}' in the path only rank 0 writes, as in Horovod
     return open_timeline(path or None, rank)

@@ -6,12 +6,13 @@ steady-state training allocates nothing.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
-from dlcomm.compression.array_api import array_namespace
+from dlcomm.array_api import array_namespace
 
 
 def plan_fusion(nbytes: Sequence[int], keys: Sequence[Hashable], threshold: int) -> list[list[int]]:
@@ -35,6 +36,24 @@ def plan_fusion(nbytes: Sequence[int], keys: Sequence[Hashable], threshold: int)
             groups.append([i])
             open_group[key] = (len(groups) - 1, size)
     return groups
+
+
+def allreduce_groups(responses: Sequence[Any], threshold: int) -> list[list[int]]:
+    """Which of a cycle's ready all-reduce ``responses`` travel together: same process set,
+    dtype, wire op, compression and joined ranks, dense ones up to ``threshold`` bytes.
+
+    Compressed requests are grouped regardless of size: their payloads, not their tensors,
+    fill fusion buffers (thresholds scale with the compression).
+    """
+    keys, nbytes = [], []
+    for resp in responses:
+        sig = resp.reference
+        wire_op = "sum" if sig.op == "average" else sig.op
+        keys.append((sig.process_set_id, sig.dtype, wire_op, sig.compression,
+                     tuple(sorted(resp.joined))))
+        nbytes.append(0 if sig.compression != "none" else
+                      sum(math.prod(s) for s in sig.shapes) * np.dtype(sig.dtype).itemsize)
+    return plan_fusion(nbytes, keys, threshold)
 
 
 class FusionBuffer:

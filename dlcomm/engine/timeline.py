@@ -14,6 +14,8 @@ import atexit
 import json
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 PHASES = ("queued", "negotiate", "fuse", "compress", "communicate", "decompress", "unpack")
@@ -21,6 +23,7 @@ PHASES = ("queued", "negotiate", "fuse", "compress", "communicate", "decompress"
 FLUSH_EVERY_EVENTS = 1024
 FLUSH_EVERY_SECONDS = 1.0
 MARKER_TID = 0  # row for instant events (cycle markers); tensors get rows 1, 2, ...
+_NOTHING = nullcontext()  # what a disabled timeline's phase() returns (reusable)
 
 
 def _plain(value: object) -> object:
@@ -134,6 +137,20 @@ class Timeline:
             start, args = stack.pop()
             self._complete_locked(tensor_name, phase, start, now, args)
 
+    @contextmanager
+    def phase(self, tensor_names: str | Sequence[str], phase: str,
+              args: dict | None = None) -> Iterator[None]:
+        """Record the ``with`` block as ``phase`` of each tensor in ``tensor_names`` (one name
+        or several, e.g. the members of a fusion group)."""
+        names = [tensor_names] if isinstance(tensor_names, str) else list(tensor_names)
+        for name in names:
+            self.begin(name, phase, args)
+        try:
+            yield
+        finally:
+            for name in names:
+                self.end(name, phase)
+
     def instant(self, name: str, args: dict | None = None) -> None:
         """Record a point event, e.g. a cycle marker, on the rank's marker row."""
         _check_name(name, "name")
@@ -212,6 +229,11 @@ class NullTimeline:
 
     def end(self, tensor_name: str, phase: str) -> None:
         """Do nothing (the timeline is off)."""
+
+    def phase(self, tensor_names: str | Sequence[str], phase: str,
+              args: dict | None = None) -> AbstractContextManager:
+        """A ``with`` block that records nothing (the timeline is off)."""
+        return _NOTHING
 
     def instant(self, name: str, args: dict | None = None) -> None:
         """Do nothing (the timeline is off)."""

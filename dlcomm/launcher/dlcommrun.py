@@ -3,7 +3,7 @@
 A thin wrapper: it adds only the flags this machine needs (root, oversubscription, the
 environment the ranks must see; see ``build_mpirun_command``), passes any option it does not
 know to ``mpirun`` untouched, and exits with ``mpirun``'s exit code. ``--emulate`` runs the
-job on an emulated cluster with shaped links (``dlcomm.launcher.emulate``).
+job on an emulated cluster with shaped links (the plugin ``EMULATION_PLUGIN`` names).
 """
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import version
 
+from dlcomm.launcher.check_build import check_build, format_check_build
 from dlcomm.launcher.mpirun_command import build_mpirun_command, mpirun_available
 
 USAGE = """\
@@ -85,6 +87,10 @@ _FLAG_OPTIONS = ("--dry-run", "--check-build", "--verbose", "--version", "--pin-
 
 EXIT_USAGE = 2
 EXIT_NO_MPIRUN = 127
+
+# The module that runs ``--emulate`` jobs: ``run_emulated(opts, env, launch, error) -> int``.
+# Named, not imported: emulation is a tool (dlcomm.tools) that depends on the launcher.
+EMULATION_PLUGIN = "dlcomm.tools.emulation.launch"
 
 
 class UsageError(ValueError):
@@ -279,8 +285,6 @@ def _wait_forwarding(proc: subprocess.Popen, forwarded: tuple[int, ...]) -> None
 def _dlcomm_version() -> str:
     """The installed dlcomm version, or 'unknown' when run from an uninstalled tree."""
     try:
-        from importlib.metadata import version
-
         return version("dlcomm")
     except Exception:  # noqa: BLE001 - any metadata problem just means "unknown"
         return "unknown"
@@ -290,15 +294,6 @@ def _error(message: str, code: int) -> int:
     """Print ``message`` as a dlcommrun error and return ``code``."""
     print(f"dlcommrun: error: {message}", file=sys.stderr)
     return code
-
-
-def _slots_in_hosts(hosts: str) -> int:
-    """Total slots in an ``-H`` list such as ``h0:2,h1:2`` (a host without a count is 1)."""
-    total = 0
-    for entry in hosts.split(","):
-        _, _, slots = entry.partition(":")
-        total += int(slots) if slots.isdigit() else 1
-    return total
 
 
 def _launch(
@@ -339,42 +334,16 @@ def _launch(
 
 
 def _run_emulated(opts: LaunchOptions, env: dict[str, str]) -> int:
-    """Run the job inside ``emulate.emulated_cluster`` (or tear emulation down)."""
-    # Imported here, by name: only --emulate needs it (and tests swap in a fake module).
-    emulate = importlib.import_module("dlcomm.launcher.emulate")
-    error_type = getattr(emulate, "EmulationError", RuntimeError)
+    """Hand ``--emulate`` to the emulation plugin, found by name (``EMULATION_PLUGIN``): it
+    builds the emulated cluster and calls back ``_launch`` with the cluster's hosts, mpirun
+    arguments and command prefix. The launcher never imports the tools that emulate."""
     try:
-        if opts.emulate == "down":
-            emulate.teardown_all()
-            return 0
-        if opts.hosts or opts.hostfile:
-            return _error("--emulate places the ranks itself: drop -H/--hostfile", EXIT_USAGE)
-        spec = emulate.parse_spec(opts.emulate)
-        ranks_env: dict[str, str] = {}
-        if opts.heterogeneity:  # validate before building the cluster
-            from dlcomm.launcher.heterogeneity import heterogeneity, parse_heterogeneity, rank_env
-
-            ranks_env = rank_env(parse_heterogeneity(opts.heterogeneity, spec.hosts))
-        with emulate.emulated_cluster(spec, opts.slots_per_host,
-                                      pin_hosts=opts.pin_hosts) as cluster:
-            if opts.np is None:
-                opts.np = _slots_in_hosts(cluster.hosts_arg)
-            env.update(cluster.env)
-            env.update(ranks_env)  # compute= stragglers are run by the ranks themselves
-            if opts.heterogeneity:
-                with heterogeneity(opts.heterogeneity, cluster):
-                    return _launch(opts, env, hosts=cluster.hosts_arg,
-                                   extra_args=[*cluster.mpirun_args, *opts.mpirun_args],
-                                   prefix=list(cluster.mpirun_prefix))
-            return _launch(
-                opts,
-                env,
-                hosts=cluster.hosts_arg,
-                extra_args=[*cluster.mpirun_args, *opts.mpirun_args],
-                prefix=list(cluster.mpirun_prefix),
-            )
-    except error_type as exc:
-        return _error(f"emulation failed: {exc}", 1)
+        plugin = importlib.import_module(EMULATION_PLUGIN)
+    except ModuleNotFoundError as exc:
+        if not EMULATION_PLUGIN.startswith(str(exc.name)):
+            raise  # the plugin exists but one of its imports is missing
+        return _error(f"--emulate needs {EMULATION_PLUGIN}, which is not installed", EXIT_USAGE)
+    return plugin.run_emulated(opts, env, _launch, _error)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -391,8 +360,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dlcommrun (dlcomm) {_dlcomm_version()}")
         return 0
     if opts.check_build:
-        from dlcomm.launcher.check_build import check_build, format_check_build
-
         print(format_check_build(check_build(mpirun=opts.mpirun), _dlcomm_version()), end="")
         return 0
     if opts.emulate == "down":

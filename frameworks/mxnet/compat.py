@@ -47,7 +47,7 @@ def import_mxnet() -> ModuleType:
             # MXNet uses distutils and numpy names removed long ago: noise, not actionable.
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", DeprecationWarning)  # distutils, numpy.financial
-            import mxnet
+            import mxnet  # noqa: PLC0415 - optional dependency (its own venv)
     except ImportError as exc:
         raise ImportError(f"dlcomm.mxnet needs mxnet=={MXNET_VERSION} ({exc}); "
                           f"{INSTALL_HINT}") from exc

@@ -38,6 +38,7 @@ from dlcomm.tensorflow.mpi_ops import (
 
 def __getattr__(name: str):  # Keras loads on first use: `hvd.DistributedOptimizer`
     if name == "DistributedOptimizer":
+        # Optional dependency: Keras loads on first use.
         from dlcomm.tensorflow.keras.optimizer import DistributedOptimizer
 
         return DistributedOptimizer

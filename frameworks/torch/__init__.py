@@ -28,6 +28,7 @@ from dlcomm.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from dlcomm.torch.heterogeneity.lbbsp import BalancedBatchSampler
 from dlcomm.torch.mpi_ops import (
     Handle,
     allgather,
@@ -54,7 +55,6 @@ from dlcomm.torch.mpi_ops import (
     synchronize,
 )
 from dlcomm.torch.optimizer import DistributedOptimizer
-from dlcomm.torch.sync.lbbsp import BalancedBatchSampler
 from dlcomm.torch.sync_batch_norm import SyncBatchNorm
 from dlcomm.training_timeline import timeline_range
 

@@ -235,7 +235,7 @@ def format_fit(result: Fit) -> str:
 
 def fit_compressor_costs(rows: Sequence[Mapping[str, Any]]) -> dict[str, MeasuredCost]:
     """Per spec, ``seconds = per_tensor_s + per_element_s * elements`` fitted on the rows
-    of ``dlcomm.compression.throughput.measure_throughput`` (one rank's compress and
+    of ``dlcomm.tools.bench.compression_throughput.measure_throughput`` (one rank's compress and
     decompress), minus the same fit of ``none`` (the averaging every spec does)."""
     by_spec: dict[str, list[tuple[float, float]]] = {}
     for r in rows:
@@ -263,7 +263,7 @@ def measure_compressor_costs(sizes: Sequence[int], specs: Sequence[str], repeats
                              ) -> dict[str, Any]:
     """Run dlcomm's compressor throughput benchmark and fit it (a timing: run it on a quiet
     machine). Returns the JSON ``--compressor-costs`` reads."""
-    from dlcomm.compression.throughput import measure_throughput
+    from dlcomm.tools.bench.compression_throughput import measure_throughput
 
     specs = list(dict.fromkeys(["none", *specs]))
     rows = measure_throughput(sizes, specs, repeats)

@@ -4,10 +4,10 @@ Names, parameters and defaults are dlcomm's own (``dlcomm.compression.registry``
 parsed there, and the rounds and summability come from the library's compressor), so the
 simulator accepts exactly the specs ``DLCOMM_COMPRESSION`` accepts. Payload sizes follow the
 compressors' code (tests compare them with real payloads). Compute cost per tensor is either
-measured (``python -m dlcomm.compression.throughput`` through ``dlcomm simulate calibrate
---compressors``) or estimated from the device: bytes of memory traffic per element, FLOPs
-per element and kernel launches per tensor (``COST_MODELS``; assumptions listed in
-docs/simulation.md).
+measured (``python -m dlcomm.tools.bench.compression_throughput`` through
+``dlcomm simulate calibrate --compressors``) or estimated from the device: bytes of memory
+traffic per element, FLOPs per element and kernel launches per tensor (``COST_MODELS``;
+assumptions listed in docs/simulation.md).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ DLCP's bounded-loss exchange under congestion. Each follows dlcomm's implementat
   so the host's link is shared by its slots.
 * LB-BSP: each iteration waits for the slowest worker (forward and backward scale with the
   local batch over the worker's speed); every interval (2, 4, ... then ``interval``
-  iterations) the balancer (``dlcomm.sync.lbbsp.BatchBalancer``) re-sizes the batches from
+  iterations) the balancer (``dlcomm.heterogeneity.lbbsp.BatchBalancer``) re-sizes the batches from
   the speeds measured over the interval. BSP is the same loop without re-sizing.
 * DLCP: after backward, a shard exchange (every rank sends each owner its shard: the
   mandatory chunks, then the droppable ones, at most ``loss_tolerance`` of the elements of
@@ -90,7 +90,7 @@ def simulate_balanced(workload: Workload, method: Method, network: Network,
                       ) -> BalancedRun:
     """``iterations`` iterations under ``trace``; re-sizes batches when ``method.sync`` is
     LB-BSP, keeps them equal otherwise (BSP)."""
-    from dlcomm.sync.lbbsp import BatchBalancer
+    from dlcomm.heterogeneity.lbbsp import BatchBalancer
 
     workers = network.workers
     if trace.workers != workers:

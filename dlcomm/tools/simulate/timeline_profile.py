@@ -36,7 +36,7 @@ class TimelineCompute:
 def timeline_compute(paths: str | Path | Sequence[str | Path], rank: int = 0
                      ) -> TimelineCompute:
     """Read ``rank``'s spans from timeline files (see the module doc)."""
-    from dlcomm.cli.timeline_summary import load_trace
+    from dlcomm.tools.timeline.summary import load_trace
 
     trace = load_trace(paths)
     mine = [s for s in trace.spans if s.rank == rank]

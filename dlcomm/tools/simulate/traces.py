@@ -63,8 +63,8 @@ class StragglerTrace:
                            ) -> StragglerTrace:
         """The ``compute=H:SPEED[:JITTER]`` items of a ``--heterogeneity`` spec: every rank of
         host H at the speeds the emulator draws for it (one per compute block)."""
-        from dlcomm.launcher.compute_slowdown import compute_speeds
-        from dlcomm.launcher.heterogeneity import parse_heterogeneity
+        from dlcomm.tools.emulation.compute_slowdown import compute_speeds
+        from dlcomm.tools.emulation.heterogeneity import parse_heterogeneity
 
         spec = parse_heterogeneity(text, hosts)
         if not spec.compute:
@@ -139,7 +139,7 @@ class CongestionTrace:
                            horizon_s: float) -> CongestionTrace:
         """The ``congest=H|*:RATE[:ON_S[:OFF_S]]`` items of a ``--heterogeneity`` spec, drawn
         as the emulator draws them (heavy-tailed periods, same seed), up to ``horizon_s``."""
-        from dlcomm.launcher.heterogeneity import congestion_schedule, parse_heterogeneity
+        from dlcomm.tools.emulation.heterogeneity import congestion_schedule, parse_heterogeneity
 
         spec = parse_heterogeneity(text, hosts)
         if not spec.congest:

@@ -34,6 +34,7 @@ import torch
 
 from dlcomm import basics
 from dlcomm import functions as core_functions
+from dlcomm.heterogeneity.agreement import check_same_settings
 from dlcomm.kfac import costs, curvature
 from dlcomm.kfac import factors as kf
 from dlcomm.kfac.exchange_plan import COMPUTE_METHODS, FACTORS, ExchangePlan
@@ -41,7 +42,6 @@ from dlcomm.kfac.groups import grid_process_sets
 from dlcomm.kfac.placement import METHODS, place_inversions
 from dlcomm.kfac.strategy import DistributedStrategy, resolve_grad_workers
 from dlcomm.ops import Average
-from dlcomm.sync.agreement import check_same_settings
 from dlcomm.torch import mpi_ops
 from dlcomm.torch.kfac.layers import KFACLayer, register_layers
 from dlcomm.torch.kfac.linalg import TORCH_LINALG

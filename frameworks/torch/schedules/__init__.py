@@ -1,7 +1,7 @@
 """All-reduce schedules of ``dlcomm.torch.DistributedOptimizer``: when gradients travel.
 
 * ``wfbp`` (default): each gradient is all-reduced as soon as backward produces it
-  (``dlcomm.torch.optimizer``);
+  (``wfbp.py``);
 * ``mgwfbp``: as wfbp, but layers are merged into fewer messages by MG-WFBP's rule on a
   measured alpha-beta cost model and profiled backward times (``mgwfbp.py``);
 * ``dear``: reduce-scatter during backward, all-gather and per-bucket update during the
@@ -17,6 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from dlcomm.torch.schedules.base import build
+from dlcomm.torch.schedules.baseline import NoOverlapSchedule
+from dlcomm.torch.schedules.dear import DeARSchedule
+from dlcomm.torch.schedules.mgwfbp import MGWFBPSchedule
+from dlcomm.torch.schedules.wfbp import _parameter_names
 
 SCHEDULES = ("wfbp", "mgwfbp", "dear", "none")
 DEFAULT_SCHEDULE = "wfbp"
@@ -51,12 +57,6 @@ def make_scheduled_optimizer(schedule: str, optimizer: torch.optim.Optimizer,
     (resolved), ``backward_passes_per_step``, ``op``, ``gradient_predivide_factor``,
     ``groups`` (lists of parameters or None), ``sparse_as_dense``, ``process_set``.
     """
-    from dlcomm.torch.optimizer import _parameter_names
-    from dlcomm.torch.schedules.base import build
-    from dlcomm.torch.schedules.baseline import NoOverlapSchedule
-    from dlcomm.torch.schedules.dear import DeARSchedule
-    from dlcomm.torch.schedules.mgwfbp import MGWFBPSchedule
-
     mixins = {"mgwfbp": MGWFBPSchedule, "dear": DeARSchedule, "none": NoOverlapSchedule}
     if schedule not in mixins:
         raise ValueError(f"make_scheduled_optimizer builds {', '.join(mixins)}; got "

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.torch import mpi_ops
+from dlcomm.torch.functions import broadcast_object
 
 DEFAULT_PROBE_BYTES = (4 << 10, 64 << 10, 512 << 10, 2 << 20)
 
@@ -61,8 +63,6 @@ def measure_allreduce_times(probe_bytes: Sequence[int] = DEFAULT_PROBE_BYTES, re
 
     Collective: every rank of ``process_set`` must call it with the same arguments.
     """
-    from dlcomm.torch import mpi_ops
-
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     out = []
@@ -84,8 +84,6 @@ def agreed_alpha_beta(probe_bytes: Sequence[int] = DEFAULT_PROBE_BYTES, repeats:
                       process_set: ProcessSet = global_process_set,
                       name: str = "costmodel") -> AlphaBeta:
     """Time all-reduces, fit on rank 0, broadcast: every rank gets the same model."""
-    from dlcomm.torch.functions import broadcast_object
-
     times = measure_allreduce_times(probe_bytes, repeats, process_set, name)
     model = fit_alpha_beta(probe_bytes, times)
     return broadcast_object(model, root_rank=0, name=f"{name}.fit", process_set=process_set)

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from dlcomm.torch import mpi_ops
+from dlcomm.torch.functions import broadcast_object
 from dlcomm.torch.schedules.base import GroupHandle, ScheduleBase
 from dlcomm.torch.schedules.cost_model import AlphaBeta, agreed_alpha_beta
 
@@ -142,9 +144,6 @@ class MGWFBPSchedule(ScheduleBase):
     # --- planning ------------------------------------------------------------------------
     def _plan(self) -> None:
         """Agree on ready times and alpha/beta, merge, and switch to the merged groups."""
-        from dlcomm.torch import mpi_ops
-        from dlcomm.torch.functions import broadcast_object
-
         used = self._profile[1:] or self._profile
         last = max((t for prof in used for t in prof.values()), default=0.0)
         local = torch.tensor([sum(prof.get(p, last) for prof in used) / len(used)

@@ -1,0 +1,22 @@
+"""Broadcast: the root member's tensor copied into every member's output, in place."""
+from __future__ import annotations
+
+import numpy as np
+
+from dlcomm.engine.negotiation import Response
+from dlcomm.engine.operations.base import EngineState, PerResponse
+from dlcomm.engine.request import Request
+
+
+class Broadcast(PerResponse):
+    def __init__(self, state: EngineState) -> None:
+        self.state = state
+
+    def run(self, response: Response, request: Request | None) -> np.ndarray:
+        assert request is not None  # joined ranks are refused for broadcasts
+        comm = self.state.process_set(response).data_comm(response.reference.device)
+        out = request.outputs[0]
+        root = response.reference.root  # rank within the process set, as in Horovod
+        with self.state.timeline.phase(response.name, "communicate", {"bytes": out.nbytes}):
+            comm.bcast(out.reshape(-1), root)
+        return out

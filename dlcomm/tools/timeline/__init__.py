@@ -1,0 +1,1 @@
+"""``dlcomm timeline summary|plot``: read the trace the engine's timeline writes."""

@@ -1,0 +1,295 @@
+"""``dlcomm simulate``: the command line, validation, the campaign's commands, profiling
+(torch hooks and dlcomm's timeline) and the seeds' table."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlcomm.cli import main as cli
+from dlcomm.tools.simulate import campaign
+from dlcomm.tools.simulate.network import CostParams
+from dlcomm.tools.simulate.seeds import SEEDS, format_seeds, run_seeds
+from dlcomm.tools.simulate.validate import load_runs, validate
+
+REPO = Path(__file__).resolve().parents[2]
+PARAMS = CostParams(overhead=5e-4, alpha=1e-4, beta=8.4e-9, gamma=1e-9, alpha_local=2e-5,
+                    beta_local=1e-9)
+
+
+def test_simulate_is_registered() -> None:
+    assert cli.SUBCOMMANDS["simulate"] == "dlcomm.tools.simulate.cli"
+    help_text = cli.build_parser().format_help()
+    assert "simulate" in help_text
+
+
+def test_importing_the_simulator_loads_no_torch_or_matplotlib() -> None:
+    code = ("import sys, dlcomm.tools.simulate, dlcomm.tools.simulate.cli;"
+            "print([m for m in ('torch', 'matplotlib') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+
+
+def test_predict_writes_every_method_and_worker_count(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.json"
+    code = cli.main(["simulate", "predict", "--model", "resnet50", "--device", "rtx2080ti",
+                     "--workers", "8,64", "--slots-per-host", "4", "--network", "10gbe",
+                     "--method", "dense", "--method", "acpsgd:rank=4", "--method",
+                     "dense dear", "--json", str(out), "--markdown", str(tmp_path / "p.md"),
+                     "--plot", str(tmp_path / "p.png")])
+    assert code == 0
+    rows = json.loads(out.read_text())
+    assert [(r["method"], r["workers"]) for r in rows] == [
+        ("dense", 8), ("acpsgd:rank=4", 8), ("dense dear", 8),
+        ("dense", 64), ("acpsgd:rank=4", 64), ("dense dear", 64)]
+    assert all(r["iteration_s"] >= r["compute_s"] > 0 for r in rows)
+    assert "| acpsgd:rank=4 | 64 | 16x4 |" in capsys.readouterr().out
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_predict_with_traces_and_calibrated_params(tmp_path: Path) -> None:
+    params = tmp_path / "net.json"
+    params.write_text(json.dumps({"params": PARAMS.to_dict()}))
+    out = tmp_path / "p.json"
+    assert cli.main(["simulate", "predict", "--model", "mnist-mlp", "--device", "cpu-core",
+                     "--workers", "4", "--params", str(params), "--method", "dense",
+                     "--method", "lbbsp", "--stragglers", "constant:1=0.5",
+                     "--iterations", "20", "--json", str(out)]) == 0
+    bsp, lb = json.loads(out.read_text())
+    assert lb["iteration_s"] < bsp["iteration_s"]
+    assert cli.main(["simulate", "predict", "--model", "mnist-mlp", "--workers", "4",
+                     "--params", str(params), "--method", "loss_tolerance=0.1",
+                     "--congestion", "congest=1:100mbit:1:3,seed=1", "--iterations", "20",
+                     "--json", str(out)]) == 0
+    assert json.loads(out.read_text())[0]["details"]["lost_fraction"] >= 0
+
+
+def test_bad_input_is_an_error_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["simulate", "predict", "--model", "gpt-5"]) == 1
+    assert "described models" in capsys.readouterr().err
+    assert cli.main(["simulate", "predict", "--method", "none"]) == 1
+    assert "schedule=none" in capsys.readouterr().err
+
+
+def demo_result(ranks: int, compute_ms: list[float], step_s: float, samples: int = 32
+                ) -> dict:
+    """The fields of examples/torch_mnist.py --json that validation reads."""
+    return {"ranks": ranks, "epochs": 3, "epoch_seconds": [step_s * 10] * 3,
+            "step_seconds": step_s,
+            "phase_ms": [{"before": 0.5, "compute": c, "step": 4.0, "samples": samples}
+                         for c in compute_ms]}
+
+
+def write_run(path: Path, setup: dict, result: dict) -> Path:
+    path.write_text(json.dumps({"setup": setup, "command": "...", "result": result}))
+    return path
+
+
+def test_validate_puts_prediction_beside_measurement(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    base = {"model": "mnist-mlp", "batch_size": 32, "heterogeneity": ""}
+    files = [
+        write_run(tmp_path / "ref.json", {**base, "emulate": "", "slots_per_host": 1,
+                                          "method": "dense"}, demo_result(1, [40.0], 0.05)),
+        write_run(tmp_path / "a.json", {**base, "emulate": "2x1gbit", "slots_per_host": 1,
+                                        "method": "dense"}, demo_result(2, [40, 45], 0.30)),
+        write_run(tmp_path / "b.json", {**base, "emulate": "2x1gbit", "slots_per_host": 2,
+                                        "method": "acpsgd:rank=4"},
+                  demo_result(4, [40, 45, 50, 41], 0.12)),
+        write_run(tmp_path / "c.json", {**base, "emulate": "4x1gbit", "slots_per_host": 1,
+                                        "method": "dssync:group_size=2"},
+                  demo_result(4, [40, 45, 50, 41], 0.25)),
+        write_run(tmp_path / "d.json", {**base, "emulate": "2x1gbit", "slots_per_host": 1,
+                                        "method": "lbbsp",
+                                        "heterogeneity": "compute=1:0.5,seed=1"},
+                  demo_result(2, [40, 60], 0.4)),
+        write_run(tmp_path / "e.json", {**base, "emulate": "2x1gbit", "slots_per_host": 1,
+                                        "method": "loss_tolerance=0.1",
+                                        "heterogeneity": "congest=1:100mbit:1:3,seed=1"},
+                  demo_result(2, [40, 45], 0.5)),
+    ]
+    rows = validate(load_runs(files), PARAMS)
+    assert len(rows) == 5  # the one-rank reference only gives the update time
+    for r in rows:
+        assert r["predicted_s"] > r["compute_s"] > 0
+        assert r["relative_error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+    params = tmp_path / "net.json"
+    params.write_text(json.dumps({"params": PARAMS.to_dict()}))
+    md = tmp_path / "v.md"
+    assert cli.main(["simulate", "validate", *map(str, files), "--params", str(params),
+                     "--markdown", str(md), "--plot", str(tmp_path / "v.png")]) == 0
+    assert "within 15% of the measurement" in md.read_text()
+    assert "| 2x1gbit | 2 | mnist-mlp | acpsgd:rank=4 |" in capsys.readouterr().out
+
+
+def test_validate_refuses_runs_without_phase_times(tmp_path: Path) -> None:
+    result = demo_result(2, [40, 45], 0.3)
+    del result["phase_ms"]
+    path = write_run(tmp_path / "a.json", {"model": "mnist-mlp", "emulate": "2x1gbit",
+                                           "method": "dense"}, result)
+    with pytest.raises(ValueError, match="--phase-times"):
+        validate(load_runs([path]), PARAMS)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="campaign run file"):
+        load_runs([tmp_path / "bad.json"])
+
+
+def test_calibrate_command(tmp_path: Path) -> None:
+    from dlcomm.tools.simulate.calibrate import Measurement
+    from dlcomm.tools.simulate.network import Topology
+
+    files = []
+    for hosts in (2, 4, 8):
+        for kind in ("allreduce", "allgather", "reducescatter"):
+            rows = []
+            for n in (4096, 1 << 20, 1 << 24):
+                m = Measurement(kind, n, Topology(hosts), 1.0)
+                rows.append({"bytes": n, "dlcomm": {"median_s": m.cost().seconds(PARAMS)}})
+            path = tmp_path / f"{kind}_{hosts}.json"
+            path.write_text(json.dumps({"benchmark": kind, "ranks": hosts,
+                                        "emulate": f"{hosts}x1gbit", "rows": rows}))
+            files.append(str(path))
+    out = tmp_path / "net.json"
+    assert cli.main(["simulate", "calibrate", *files, "-o", str(out)]) == 0
+    fitted = json.loads(out.read_text())["params"]
+    for name in ("overhead", "alpha", "beta", "gamma"):
+        assert fitted[name] == pytest.approx(getattr(PARAMS, name), rel=1e-6)
+    assert cli.main(["simulate", "calibrate", "-o", str(out)]) == 1
+
+
+def test_compressor_calibration_runs_the_throughput_benchmark(tmp_path: Path) -> None:
+    out = tmp_path / "costs.json"
+    assert cli.main(["simulate", "calibrate", "--compressors", "-o", str(out), "--sizes",
+                     "1024,4096", "--specs", "topk:ratio=0.01", "--repeats", "1"]) == 0
+    costs = json.loads(out.read_text())["compressors"]
+    assert set(costs) == {"topk:ratio=0.01"}
+    assert costs["topk:ratio=0.01"]["per_element_s"] >= 0
+
+
+def test_measure_dry_run_lists_the_campaign(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["simulate", "measure", "calibration", "--out", str(tmp_path),
+                     "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    for spec in ("--emulate 2x1gbit", "--emulate 4x1gbit", "--emulate 8x1gbit",
+                 "--slots-per-host 2", "-np 4", "DLCOMM_ALLREDUCE_ALGORITHM=hierarchical",
+                 "bench allgather", "bench reducescatter"):
+        assert spec in text, spec
+    assert not list(tmp_path.iterdir())  # nothing ran
+    jobs = campaign.validation_jobs(tmp_path)
+    methods = {j.setup["method"] for j in jobs}
+    assert {"dense", "dense dear".replace("dear", "schedule=dear"), "acpsgd:rank=4",
+            "gtopk:ratio=0.01", "dssync:group_size=2", "lbbsp", "loss_tolerance=0.1"} <= methods
+    places = {(j.setup["emulate"], j.setup["slots_per_host"]) for j in jobs}
+    assert {("2x1gbit", 1), ("4x1gbit", 1), ("8x1gbit", 1), ("2x1gbit", 2), ("", 1)} == places
+    assert all("--phase-times" in j.command for j in jobs)
+    quick = campaign.validation_jobs(tmp_path, quick=True)
+    assert len(quick) < 5
+
+
+def test_run_jobs_wraps_each_result_with_its_setup(tmp_path: Path) -> None:
+    result = tmp_path / "r.json"
+    write = f"import json; json.dump([{{'ranks': 1}}], open({str(result)!r}, 'w'))"
+    job = campaign.Job("fake", (sys.executable, "-c", write), (("DLCOMM_X", "1"),), result,
+                       {"emulate": "", "model": "m"})
+    assert campaign.run_jobs([job]) == 0
+    wrapped = json.loads(result.read_text())
+    assert wrapped["setup"] == {"emulate": "", "model": "m"}
+    assert wrapped["result"] == {"ranks": 1} and "DLCOMM_X=1" in wrapped["command"]
+    failing = campaign.Job("bad", (sys.executable, "-c", "raise SystemExit(3)"), (),
+                           tmp_path / "none.json", {})
+    assert campaign.run_jobs([failing, job], keep_going=True) == 1
+
+
+def test_seeds_table_and_figures(tmp_path: Path) -> None:
+    assert cli.main(["simulate", "seeds", "--only", "lbbsp,dssync", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "seeds.md").read_text()
+    assert "LB-BSP" in text and "DS-Sync" in text and "![" in text
+    assert (tmp_path / "seed_lbbsp.png").stat().st_size > 0
+    data = json.loads((tmp_path / "seeds.json").read_text())
+    assert [d["key"] for d in data] == ["lbbsp", "dssync"]
+    with pytest.raises(ValueError, match="available"):
+        run_seeds(["nothing"])
+
+
+def test_every_seed_runs_is_deterministic_and_the_docs_are_current() -> None:
+    first = run_seeds()
+    assert [r.key for r in first] == list(SEEDS)
+    for r in first:
+        assert r.rows and r.paper_value > 1 and r.simulated_value > 0
+    # docs/simulation/seeds.md is `dlcomm simulate seeds --out docs/simulation`'s output, and
+    # docs/simulation.md quotes its summary table: regenerate both when this fails
+    full = format_seeds(first, {r.key: f"seed_{r.key}.png" for r in first})
+    assert (REPO / "docs" / "simulation" / "seeds.md").read_text() == full
+    page = (REPO / "docs" / "simulation.md").read_text()
+    for line in full.split("\n\n")[0].splitlines():
+        assert line in page, line
+    again = run_seeds(["gtopk", "lbbsp", "dlcp"])
+    assert format_seeds(again) == format_seeds([r for r in first if r.key in
+                                                ("gtopk", "lbbsp", "dlcp")])
+
+
+def test_profile_a_torch_model(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from dlcomm.tools.simulate.profile_torch import profile_model
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 10))
+    w = profile_model(model, lambda: (torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))),
+                      optimizer=torch.optim.SGD(model.parameters(), lr=0.1), repeats=2,
+                      name="tiny")
+    assert [t.name for t in w.tensors] == [n for n, _ in model.named_parameters()]
+    assert w.batch_size == 8 and w.forward_s > 0 and w.backward_s > 0 and w.update_s > 0
+    assert all(layer.forward_s >= 0 and layer.backward_s >= 0 for layer in w.layers)
+    out = tmp_path / "mlp.json"
+    assert cli.main(["simulate", "profile", "--factory", str(REPO / "examples" /
+                                                              "torch_mnist.py") + ":MLP",
+                     "--factory-args", "[28]", "--input-shape", "1,28,28", "--batch-size",
+                     "4", "--warmup", "0", "--repeats", "1", "-o", str(out)]) == 0
+    from dlcomm.tools.simulate.model_zoo import describe
+    from dlcomm.tools.simulate.workload import Workload
+
+    profiled = Workload.load(out)
+    assert [(t.name, t.shape) for t in profiled.tensors] == [
+        (t.name, t.shape) for layer in describe("mnist-mlp").layers for t in layer.tensors]
+
+
+def test_compute_from_dlcomm_timeline(tmp_path: Path) -> None:
+    from dlcomm.tools.simulate.devices import get_device
+    from dlcomm.tools.simulate.model_zoo import describe, workload_from_description
+    from dlcomm.tools.simulate.timeline_profile import timeline_compute, workload_from_timeline
+
+    rows = {"(training)": 1, "wfbp0.fc3.weight": 2, "wfbp0.fc3.bias": 3,
+            "wfbp0.fc2.weight": 4, "wfbp0.fc2.bias": 5, "wfbp0.fc1.weight": 6,
+            "wfbp0.fc1.bias": 7}
+    events = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name}}
+              for name, tid in rows.items()]
+    for it in range(3):  # forward 10 ms, backward 30 ms, step 5 ms (microseconds)
+        t0 = it * 100_000.0
+        events += [{"name": "forward", "ph": "X", "pid": 0, "tid": 1, "ts": t0, "dur": 10_000},
+                   {"name": "backward", "ph": "X", "pid": 0, "tid": 1, "ts": t0 + 10_000,
+                    "dur": 30_000},
+                   {"name": "step", "ph": "X", "pid": 0, "tid": 1, "ts": t0 + 40_000,
+                    "dur": 5_000}]
+        for name, at in (("fc3", 2_000), ("fc2", 12_000), ("fc1", 29_000)):
+            for suffix in ("weight", "bias"):
+                events.append({"name": "queued", "ph": "X", "pid": 0,
+                               "tid": rows[f"wfbp0.{name}.{suffix}"], "ts": t0 + 10_000 + at,
+                               "dur": 100})
+    path = tmp_path / "tl.json"
+    path.write_text(json.dumps(events))
+    measured = timeline_compute(path)
+    assert (measured.forward_s, measured.backward_s, measured.step_s) == pytest.approx(
+        (0.010, 0.030, 0.005))
+    assert measured.ready_s["fc2.weight"] == pytest.approx(0.012)
+    base = workload_from_description(describe("mnist-mlp"), 32, get_device("cpu-core"))
+    w = workload_from_timeline(base, measured)
+    assert w.forward_s == pytest.approx(0.010) and w.backward_s == pytest.approx(0.030)
+    assert [layer.backward_s for layer in w.layers] == pytest.approx([0.018, 0.010, 0.002])
+    with pytest.raises(ValueError, match="timeline_range"):
+        timeline_compute(path, rank=3)
