@@ -133,8 +133,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, metavar="JSON")
     p.add_argument("--peer", default="dlcomm", choices=("dlcomm", "mpi4py"),
                    help="whose times to fit (default dlcomm: the engine included)")
-    p.add_argument("--algorithm", default=None, help="all-reduce algorithm of files without "
-                   "a campaign setup (default ring)")
+    p.add_argument("--algorithm", default=None, help="DLCOMM_ALLREDUCE_ALGORITHM of files "
+                   "without a campaign setup: ordered (the engine's default, and this one's), "
+                   "ring, rhd, tree, hierarchical")
     p.add_argument("--prior", action="append", default=[], metavar="NAME=VALUE",
                    help="fix a parameter instead of fitting it (repeatable)")
     p.add_argument("--min-bytes", type=float, default=0.0, help="ignore smaller sizes")
