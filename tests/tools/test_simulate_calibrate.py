@@ -114,8 +114,13 @@ def test_bench_files_and_campaign_files(tmp_path: Path) -> None:
     assert result.params.beta == pytest.approx(TRUE.beta, rel=1e-6)
     assert "| allreduce | ring | 2x2 |" in format_fit(result)
     assert "| reducescatter | ordered | 2x2 |" in format_fit(result)
-    raw = load_measurements(paths[:1], peer="mpi4py")
+    # the raw peer runs MPI's own collectives whatever the run's algorithm
+    raw = load_measurements(paths[:1], peer="mpi4py", algorithm="ring")
     assert raw[0].seconds == pytest.approx(loaded[0].seconds / 2)
+    with pytest.raises(ValueError, match="--algorithm ring"):
+        load_measurements(paths[:1], peer="mpi4py")
+    scatter = [p for p, m in zip(paths, loaded) if m.collective == "reducescatter"]
+    assert {m.algorithm for m in load_measurements(scatter, peer="mpi4py")} == {"mpi"}
 
 
 def test_topology_and_refusals() -> None:

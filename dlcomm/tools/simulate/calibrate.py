@@ -96,7 +96,9 @@ def measurements_from_result(result: Mapping[str, Any], *, peer: str = "dlcomm",
                              algorithm: str | None = None, source: str = "",
                              min_bytes: float = 0.0) -> list[Measurement]:
     """The rows of one ``dlcomm bench <collective> --json`` result (optionally wrapped by the
-    campaign as ``{"setup": ..., "result": ...}``) as measurements of ``peer``."""
+    campaign as ``{"setup": ..., "result": ...}``) as measurements of ``peer``. The raw
+    ``mpi4py`` peer always runs MPI's own collectives, whatever the run's algorithm: its
+    all-reduce rows need ``algorithm=`` to say which model stands for MPI's choice."""
     if peer not in PEERS:
         raise ValueError(f"peer must be one of {PEERS}, got {peer!r}")
     setup = dict(result.get("setup", {}) or {})
@@ -104,9 +106,13 @@ def measurements_from_result(result: Mapping[str, Any], *, peer: str = "dlcomm",
     if "benchmark" not in inner or "rows" not in inner:
         raise ValueError(f"{source or 'result'}: not a `dlcomm bench` collective JSON (needs "
                          "'benchmark' and 'rows')")
-    algo = normalize_algorithm(algorithm or setup.get("allreduce_algorithm")
-                               or DEFAULT_ALGORITHM)
+    ran = "mpi" if peer == "mpi4py" else setup.get("allreduce_algorithm")
+    algo = normalize_algorithm(algorithm or ran or DEFAULT_ALGORITHM)
     if algo == "mpi" and inner["benchmark"] == "allreduce":
+        if peer == "mpi4py":
+            raise ValueError(f"{source}: the mpi4py peer times MPI's own all-reduce, whose "
+                             "algorithm the model does not know; give --algorithm ring (or "
+                             "rhd) to fit it as that, or leave out the all-reduce files")
         raise ValueError(f"{source}: measured with MPI's own all-reduce (mpi, formerly "
                          "native), whose algorithm the model does not know; measure with "
                          "DLCOMM_ALLREDUCE_ALGORITHM=ordered (or ring, rhd, tree, "
