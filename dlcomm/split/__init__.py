@@ -7,7 +7,7 @@ shrink both: per-batch low-rank factors (``lowrank``), top-k (``topk``), float16
 per-sample memory (``memory``) that corrects what they leave out. ``dlcomm.torch.split`` is
 the torch front end that cuts a ``torch.nn.Module`` and runs the two sides.
 """
-from dlcomm.split.codec import Codec, Encoded, Float16Codec, NoneCodec
+from dlcomm.split.codec import Codec, Encoded, Float16Codec, NoneCodec, SideCodec
 from dlcomm.split.link import LinkError, SplitLink
 from dlcomm.split.lowrank import LowRankCodec
 from dlcomm.split.memory import SampleMemory
@@ -18,7 +18,7 @@ from dlcomm.split.topk import TopKCodec
 
 __all__ = [
     "Codec", "Encoded", "Flag", "Float16Codec", "Kind", "LinkError", "LowRankCodec", "Message",
-    "NoneCodec", "Roles", "SampleMemory", "Slot", "SplitLink", "TopKCodec", "available_codecs",
-    "check_agreement", "get_codec", "make_roles", "message_nbytes", "pack", "parse_codec_spec",
-    "unpack",
+    "NoneCodec", "Roles", "SampleMemory", "SideCodec", "Slot", "SplitLink", "TopKCodec",
+    "available_codecs", "check_agreement", "get_codec", "make_roles", "message_nbytes", "pack",
+    "parse_codec_spec", "unpack",
 ]

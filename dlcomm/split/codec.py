@@ -167,3 +167,34 @@ class Float16Codec(Codec):
         # |error_i| <= max(u |x_i|, 2^-25 max|x|): u ||x|| + 2^-25 sqrt(n) ||x|| at most.
         n = encoded.parts[0].size
         return FLOAT16_UNIT + FLOAT16_SUBNORMAL * float(np.sqrt(max(n, 1)))
+
+
+class SideCodec(Codec):
+    """Lossless, for what the cloud needs besides activations (attention masks, labels,
+    sample ids): arrays of 0/1 values (booleans, 0/1 integers) travel as bits, anything else
+    as it is."""
+
+    name = "side"
+    lossless = True
+
+    def encode(self, x: Any) -> Encoded:
+        check_array(x)
+        xp = array_namespace(x)
+        flat = xp.ascontiguousarray(x).reshape(-1)
+        dt = np.dtype(x.dtype)
+        binary = dt == np.bool_ or (np.issubdtype(dt, np.integer) and flat.size > 0 and
+                                    bool(xp.all((flat == 0) | (flat == 1))))
+        if binary:
+            host = np.asarray(flat.astype(np.bool_)) if xp is np else xp.asnumpy(flat) != 0
+            return Encoded((np.packbits(host),), (*tensor_meta(x), 1))
+        return Encoded((flat,), (*tensor_meta(x), 0))
+
+    def decode(self, encoded: Encoded) -> Any:
+        dtype, shape, (packed,) = read_tensor_meta(encoded.meta)
+        if not packed:
+            return encoded.parts[0].astype(dtype, copy=False).reshape(shape)
+        n = int(np.prod(shape, dtype=np.int64))
+        return np.unpackbits(encoded.parts[0], count=n).astype(dtype).reshape(shape)
+
+    def relative_error_bound(self, encoded: Encoded) -> float:
+        return 0.0

@@ -116,19 +116,24 @@ class SplitLink:
             raise LinkError(f"sending across the split failed: {self._error}") from self._error
 
     # --- receiving -----------------------------------------------------------------------
-    def recv(self, peer: int, kind: Kind, micro: int = 0) -> Message:
-        """Wait for the next message of ``kind`` and micro-batch ``micro`` from ``peer``."""
+    def recv(self, peer: int, kind: Kind | tuple[Kind, ...], micro: int = 0) -> Message:
+        """Wait for the next message of ``kind`` (or of one of several kinds that share their
+        tags, such as ACTIVATION and CLOSE) and micro-batch ``micro`` from ``peer``."""
         self._raise_failure()
-        header_tag, body_tag = tags(kind, micro)
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        header_tag, body_tag = tags(kinds[0], micro)
+        if any(tags(k, micro) != (header_tag, body_tag) for k in kinds):
+            raise ValueError(f"kinds {[k.name for k in kinds]} do not share their tags")
         header = np.empty(HEADER_WORDS, dtype=np.int64)
         self._wait(self.comm.irecv(header, peer, header_tag))
         got_kind, _, got_micro, _, _, _, n_body = read_header(header)
-        if got_kind != kind or got_micro != micro:
-            raise LinkError(f"rank {self.rank} expected {kind.name} micro-batch {micro} from "
-                            f"rank {peer}, got {got_kind.name} micro-batch {got_micro}")
+        if got_kind not in kinds or got_micro != micro:
+            raise LinkError(f"rank {self.rank} expected {'/'.join(k.name for k in kinds)} "
+                            f"micro-batch {micro} from rank {peer}, got {got_kind.name} "
+                            f"micro-batch {got_micro}")
         body = np.empty(n_body, dtype=np.uint8)
         self._wait(self.comm.irecv(body, peer, body_tag))
-        self.received_by_kind[kind.name] += header.nbytes + body.nbytes
+        self.received_by_kind[got_kind.name] += header.nbytes + body.nbytes
         return unpack(header, body)
 
     def _wait(self, request: Any) -> None:

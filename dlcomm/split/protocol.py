@@ -23,7 +23,8 @@ done sends CLOSE. Every message is two transport messages: a fixed header of ``H
 int64 (magic, kind, step, micro-batch, micro-batch count, flags, layout words, body bytes)
 and a body: the layout (int64 words describing each slot: its tag, its codec's integers, and
 its parts' dtypes and shapes), then the parts' bytes in order. Each (kind, micro-batch) pair
-has its own MPI tags, so messages of different kinds or micro-batches never match each other.
+has its own MPI tags (CLOSE shares ACTIVATION's), so messages of different kinds or
+micro-batches never match each other.
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ class Flag(enum.IntFlag):
     """Bits of a message's ``flags``."""
 
     TRAIN = 1  # the cloud back-propagates this micro-batch and counts it towards its step
+    MODULE_TRAINING = 2  # the edge's module is in training mode (dropout on): the cloud's too
+    NEED_GRAD = 4  # the edge wants the activations' gradients back
 
 
 class Slot(enum.IntEnum):
@@ -67,6 +70,7 @@ class Slot(enum.IntEnum):
     LOSS = 6
     OUTPUT = 7
     GRADIENT = 8
+    WEIGHT = 9  # the micro-batch's share of the batch (its loss is weighted by it)
 
 
 @dataclasses.dataclass
@@ -85,11 +89,16 @@ class Message:
         return [enc for t, enc in self.slots if t == tag]
 
 
+# Which tags a kind travels on: CLOSE shares ACTIVATION's, since the cloud waits for either.
+CHANNELS = {Kind.ACTIVATION: 1, Kind.CLOSE: 1, Kind.OUTPUT_GRADIENT: 2, Kind.OUTPUT: 3,
+            Kind.GRADIENT: 4}
+
+
 def tags(kind: Kind, micro: int) -> tuple[int, int]:
     """The MPI tags of the header and of the body of (``kind``, micro-batch ``micro``)."""
     if not 0 <= micro < MAX_MICRO_BATCHES:
         raise ValueError(f"micro-batch index must be in [0, {MAX_MICRO_BATCHES}), got {micro}")
-    base = (int(kind) * MAX_MICRO_BATCHES + micro) * 2
+    base = (CHANNELS[kind] * MAX_MICRO_BATCHES + micro) * 2
     return base, base + 1
 
 
