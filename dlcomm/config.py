@@ -109,11 +109,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("build_native", True, parse_bool,
          "Build the native kernels during pip install (0 skips; numpy is used instead).",
          where="setup.py"),
-    Knob("allreduce_algorithm", "mpi", str,
-         "All-reduce algorithm of dlcomm.collectives: mpi (MPI's own; 'native' is accepted "
-         "too), ring, rhd, tree, hierarchical (see docs/collectives.md). ring kept one slow "
-         "link busy where MPI's own left it idle a quarter of the time (docs/heterogeneity.md, "
-         "DLCP fifth round).",
+    Knob("allreduce_algorithm", "ordered", str,
+         "All-reduce algorithm of dlcomm.collectives: ordered (every element summed in rank "
+         "order, so all-reduce and reduce-scatter + all-gather give the same bits and every "
+         "schedule the same model; the engine's reduce-scatter follows it), mpi (MPI's own, "
+         "whose order depends on message size and position; 'native' is accepted too), ring, "
+         "rhd, tree, hierarchical (see docs/collectives.md). ring kept one slow link busy "
+         "where MPI's own left it idle a quarter of the time (docs/heterogeneity.md, DLCP "
+         "fifth round).",
          where="get_allreduce_algorithm"),
     Knob("hierarchical_leader_algorithm", "ring", str,
          "Algorithm among host leaders inside the hierarchical all-reduce.",

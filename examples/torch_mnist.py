@@ -227,8 +227,12 @@ def main() -> None:
     steal = [s for s in hvd.allgather_object(
         None if steal_before is None or steal_after is None else steal_after - steal_before,
         name="steal") if s is not None]
-    if slow.active:
-        print(f"rank {rank}: {slow}", flush=True)
+    # Rank 0 prints every slowed rank's summary: ranks printing at once interleave their lines.
+    slowdowns = hvd.allgather_object(str(slow) if slow.active else None, name="slowdowns")
+    if rank == 0:
+        for r, text in enumerate(slowdowns):
+            if text is not None:
+                print(f"rank {r}: {text}", flush=True)
     phase_ms = None
     if args.phase_times:  # collective: every rank passes the same flag
         medians = hvd.allgather_object(phases.medians(skip=steps_per_epoch), name="phases")

@@ -1,12 +1,13 @@
 """All-reduce and friends written over the transport's point-to-point messages.
 
 Ring, recursive halving-doubling (Rabenseifner), binomial tree, ring reduce-scatter and
-all-gather with per-rank counts, and a hierarchical all-reduce (reduce inside each host,
-all-reduce among host leaders, broadcast inside each host). Every all-reduce has the
+all-gather with per-rank counts, a hierarchical all-reduce (reduce inside each host,
+all-reduce among host leaders, broadcast inside each host), and the ``ordered`` all-reduce
+and reduce-scatter that reduce every element in rank order. Every all-reduce has the
 signature ``algorithm(comm, sendbuf, recvbuf, op) -> recvbuf`` on contiguous 1-D numpy
 arrays, where ``comm`` is a ``dlcomm.comm`` communicator or an mpi4py intracommunicator, and
-``DLCOMM_ALLREDUCE_ALGORITHM`` picks one by name (``mpi`` = MPI's own; ``native``, its
-earlier name, is still accepted). See docs/collectives.md.
+``DLCOMM_ALLREDUCE_ALGORITHM`` picks one by name (default ``ordered``; ``mpi`` = MPI's own,
+``native`` its earlier name, still accepted). See docs/collectives.md.
 
 Names are imported lazily: the transport imports ``mpi4py.MPI``, which initialises MPI, and a
 launcher process (``python -m dlcomm.tools.bench.algorithms`` before it starts mpirun, or the
@@ -24,11 +25,14 @@ _EXPORTS = {
     "hierarchical_allreduce": "hierarchical",
     "mpi_allreduce": "mpi_allreduce",
     "native_allreduce": "mpi_allreduce",
+    "ordered_allreduce": "ordered",
+    "ordered_reduce_scatter": "ordered",
     "SUPPORTED_OPS": "reduction",
     "as_collective_op": "reduction",
     "reduction_ufunc": "reduction",
     "ALLREDUCE_ALGORITHM_ENV": "registry",
     "ALLREDUCE_ALGORITHMS": "registry",
+    "REDUCE_SCATTERS": "registry",
     "AllreduceAlgorithm": "registry",
     "algorithm_from_env": "registry",
     "algorithm_name_from_env": "registry",

@@ -1,12 +1,14 @@
 """All-reduce algorithms found by name, and the one ``DLCOMM_ALLREDUCE_ALGORITHM`` selects.
 
 Every entry has the signature ``algorithm(comm, sendbuf, recvbuf, op) -> recvbuf``, so the
-engine can swap them without knowing which one runs.
+engine can swap them without knowing which one runs. An algorithm whose reduce-scatter must
+reduce like its all-reduce (``ordered``) names that reduce-scatter in ``REDUCE_SCATTERS``;
+the engine's reduce-scatter then uses it, others use MPI's own.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -14,13 +16,17 @@ from dlcomm.collectives.buffers import CommLike
 from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.hierarchical import hierarchical_allreduce
 from dlcomm.collectives.mpi_allreduce import mpi_allreduce
+from dlcomm.collectives.ordered import ordered_allreduce, ordered_reduce_scatter
 from dlcomm.collectives.ring import ring_allreduce
 from dlcomm.collectives.tree import tree_allreduce
 from dlcomm.ops import ReduceOp
 
 AllreduceAlgorithm = Callable[[CommLike, np.ndarray, np.ndarray, "ReduceOp | str"], np.ndarray]
+ReduceScatterAlgorithm = Callable[
+    [CommLike, np.ndarray, np.ndarray, Sequence[int], "ReduceOp | str"], np.ndarray]
 
 ALLREDUCE_ALGORITHMS: dict[str, AllreduceAlgorithm] = {
+    "ordered": ordered_allreduce,
     "mpi": mpi_allreduce,
     "ring": ring_allreduce,
     "rhd": rhd_allreduce,
@@ -28,8 +34,10 @@ ALLREDUCE_ALGORITHMS: dict[str, AllreduceAlgorithm] = {
     "hierarchical": hierarchical_allreduce,
 }
 ALLREDUCE_ALGORITHM_ENV = "DLCOMM_ALLREDUCE_ALGORITHM"
-DEFAULT_ALLREDUCE_ALGORITHM = "mpi"
+DEFAULT_ALLREDUCE_ALGORITHM = "ordered"
 ALIASES = {"native": "mpi"}  # earlier names, still accepted
+# The reduce-scatter that reduces exactly like the all-reduce of the same name.
+REDUCE_SCATTERS: dict[str, ReduceScatterAlgorithm] = {"ordered": ordered_reduce_scatter}
 
 
 def get_allreduce_algorithm(allreduce_algorithm: str) -> AllreduceAlgorithm:
@@ -51,7 +59,7 @@ def get_allreduce_algorithm(allreduce_algorithm: str) -> AllreduceAlgorithm:
 
 
 def algorithm_name_from_env(environ: Mapping[str, str] | None = None) -> str:
-    """The algorithm name in ``DLCOMM_ALLREDUCE_ALGORITHM`` (default ``mpi``), validated;
+    """The algorithm name in ``DLCOMM_ALLREDUCE_ALGORITHM`` (default ``ordered``), validated;
     an earlier name comes back as the current one (``native`` -> ``mpi``)."""
     environ = os.environ if environ is None else environ
     raw = environ.get(ALLREDUCE_ALGORITHM_ENV, "").strip() or DEFAULT_ALLREDUCE_ALGORITHM
@@ -63,5 +71,5 @@ def algorithm_name_from_env(environ: Mapping[str, str] | None = None) -> str:
 
 
 def algorithm_from_env(environ: Mapping[str, str] | None = None) -> AllreduceAlgorithm:
-    """The all-reduce function that ``DLCOMM_ALLREDUCE_ALGORITHM`` names (default ``mpi``)."""
+    """The all-reduce function that ``DLCOMM_ALLREDUCE_ALGORITHM`` names (default ``ordered``)."""
     return get_allreduce_algorithm(algorithm_name_from_env(environ))

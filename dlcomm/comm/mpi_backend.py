@@ -151,13 +151,19 @@ class MPICommunicator:
     freed).
     """
 
-    def __init__(self, comm: MPI.Comm, algorithm: Any = None) -> None:
+    def __init__(self, comm: MPI.Comm, algorithm: Any = None,
+                 reduce_scatter_algorithm: Any = None) -> None:
         self.comm = comm
         null = comm == MPI.COMM_NULL
         self.rank = -1 if null else comm.Get_rank()
         self.size = 0 if null else comm.Get_size()
         self.algorithm = algorithm
         self._plain: MPICommunicator | None = None if algorithm is not None else self
+        # The reduce-scatter that reduces like that all-reduce (the ``ordered`` pair, so a
+        # reduce-scatter + all-gather gives the all-reduce's bits); None: MPI's own.
+        self.reduce_scatter_algorithm = reduce_scatter_algorithm
+        if reduce_scatter_algorithm is not None:
+            self._plain = None
 
     @property
     def plain(self) -> MPICommunicator:
@@ -214,9 +220,14 @@ class MPICommunicator:
     @_raising_transport_errors
     def reduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
                        op: ReduceOp) -> None:
-        if sum(counts):
-            self.comm.Reduce_scatter(_wire(sendbuf), _wire(recvbuf), recvcounts=counts,
-                                     op=_reduce_op(sendbuf.dtype, op))
+        if not sum(counts):
+            return
+        if self.reduce_scatter_algorithm is not None:
+            wire_op = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
+            self.reduce_scatter_algorithm(self.plain, sendbuf, recvbuf, counts, wire_op)
+            return
+        self.comm.Reduce_scatter(_wire(sendbuf), _wire(recvbuf), recvcounts=counts,
+                                 op=_reduce_op(sendbuf.dtype, op))
 
     # --- control path (negotiation) ------------------------------------------------------
     def iallreduce_band(self, words: np.ndarray) -> MPIRequest:
@@ -306,22 +317,41 @@ class MPICommunicator:
         """Start a barrier; ``test()`` is True once every rank entered it."""
         return MPIRequest(self.comm.Ibarrier())
 
+    # --- small control messages (pickled objects) ------------------------------------------
+    @_raising_transport_errors
+    def isend_object(self, obj: Any, dest: int, tag: int) -> MPIRequest:
+        """Start sending a small picklable ``obj`` to ``dest`` (an announcement, not data)."""
+        return MPIRequest(self.comm.isend(obj, dest=dest, tag=tag))
+
+    @_raising_transport_errors
+    def poll_object(self, tag: int) -> tuple[int, Any] | None:
+        """The next object sent with ``tag`` by any rank, as ``(source, obj)``, or None when
+        none has arrived (never blocks for a message that is not there)."""
+        status = MPI.Status()
+        if not self.comm.iprobe(source=MPI.ANY_SOURCE, tag=tag, status=status):
+            return None
+        source = status.Get_source()
+        return source, self.comm.recv(source=source, tag=tag)
+
     # --- communicators ---------------------------------------------------------------------
     def split(self, color: int | None, key: int) -> MPICommunicator | None:
         """Collective over this communicator; ranks passing ``None`` get ``None``."""
         sub = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if sub == MPI.COMM_NULL else MPICommunicator(sub, self.algorithm)
+        return None if sub == MPI.COMM_NULL else MPICommunicator(
+            sub, self.algorithm, self.reduce_scatter_algorithm)
 
     def split_by_host(self, key: int) -> MPICommunicator:
         """Collective: the ranks of this communicator that share memory with this one."""
         return MPICommunicator(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=key))
 
     def dup(self) -> MPICommunicator:
-        return MPICommunicator(self.comm.Dup(), self.algorithm)
+        return MPICommunicator(self.comm.Dup(), self.algorithm, self.reduce_scatter_algorithm)
 
-    def with_algorithm(self, algorithm: Any) -> MPICommunicator:
-        """The same communicator, all-reducing with ``algorithm`` (None: MPI's own)."""
-        return MPICommunicator(self.comm, algorithm)
+    def with_algorithm(self, algorithm: Any,
+                       reduce_scatter_algorithm: Any = None) -> MPICommunicator:
+        """The same communicator, all-reducing with ``algorithm`` and reduce-scattering with
+        ``reduce_scatter_algorithm`` (None: MPI's own)."""
+        return MPICommunicator(self.comm, algorithm, reduce_scatter_algorithm)
 
     def test_all(self, requests: Sequence[MPIRequest]) -> bool:
         """True once every request completed (``MPI_Testall``, driving their progress)."""

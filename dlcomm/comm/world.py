@@ -27,6 +27,11 @@ def world_communicator() -> MPICommunicator:
     return MPICommunicator(MPI.COMM_WORLD)
 
 
+def finalized() -> bool:
+    """True once MPI was finalised (at interpreter exit): no collective may run after it."""
+    return bool(MPI.Is_finalized())
+
+
 def open_world(comm: Any = None) -> World:
     """The world of ``init(comm=...)``: an mpi4py communicator, a list of world ranks to run
     on, or None for every rank. Collective over those ranks (it splits by host twice)."""

@@ -27,9 +27,10 @@ payloads depend only on that tensor's previous round. Results are sums; averagin
 the end (low-rank compressors orthogonalise, which is scale-free, so sums are enough).
 
 Compressors hold no state other than per-tensor-name state objects (``self.states``), e.g.
-PowerSGD's warm-start Q or a step counter. ``decompress`` on ALLREDUCE results is called
-exactly once per step and tensor, so it may update such state; ``local_estimate`` (what this
-rank alone sent, used by error feedback) and ``decompress`` of ALLGATHER payloads must not.
+PowerSGD's warm-start Q or a step counter. ``decompress`` on ALLREDUCE results and
+``decompress_all`` are called exactly once per step and tensor, so they may update such state
+(error feedback's momentum correction does); ``local_estimate`` (what this rank alone sent,
+used by error feedback), ``unsent`` and ``decompress`` of ALLGATHER payloads must not.
 """
 from __future__ import annotations
 
@@ -80,6 +81,14 @@ def check_tensor(tensor: object, name: object) -> None:
         )
     if not isinstance(name, str) or not name:
         raise TypeError(f"tensor name must be a non-empty str, got {name!r}")
+
+
+def check_momentum(momentum: object) -> float:
+    """Return ``momentum`` as float; ValueError unless it is a number in [0, 1)."""
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float, np.floating)) \
+            or not 0 <= momentum < 1:
+        raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}")
+    return float(momentum)
 
 
 def check_op(op: str) -> None:
@@ -145,6 +154,13 @@ class Compressor:
         """This rank's own contribution from its final-round payloads (pure; error feedback)."""
         return self.decompress(payloads, ctx)
 
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object | None:
+        """``tensor`` less what this step's selection sent of it, for compressors whose
+        selection is linear (sparsifiers: zeros at the sent indices; low rank: minus the
+        projection onto the sent subspace); None for the others. Pure; called with the final
+        round's payloads (error feedback's momentum factor masking)."""
+        return None
+
     def aggregate(self, tensors: list, op: str = "average") -> object:
         """Combine decompressed ALLGATHER results of all ranks (default: sum or mean)."""
         check_op(op)
@@ -166,6 +182,12 @@ class Compressor:
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         """Combine two ranks' SPARSE_MERGE payloads (lower rank first, so all ranks agree)."""
         raise NotImplementedError(f"{self.name} has no SPARSE_MERGE round")
+
+    def set_momentum(self, momentum: float) -> None:
+        """The momentum the optimizer applies after the all-reduce (SGD's ``momentum``).
+        Only error feedback uses it (momentum correction, see ``error_feedback``); a
+        compressor without error feedback checks it and otherwise ignores it."""
+        check_momentum(momentum)
 
     def reset_state(self, name: str | None = None) -> None:
         """Forget per-tensor state (all tensors when ``name`` is None)."""
@@ -227,6 +249,9 @@ class CompressorWrapper(Compressor):
     def local_estimate(self, payloads: list, ctx: Context) -> object:
         return self.inner.local_estimate(payloads, ctx)
 
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object | None:
+        return self.inner.unsent(tensor, payloads, ctx)
+
     def aggregate(self, tensors: list, op: str = "average") -> object:
         return self.inner.aggregate(tensors, op)
 
@@ -237,6 +262,9 @@ class CompressorWrapper(Compressor):
 
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         return self.inner.merge(lower, higher, ctx)
+
+    def set_momentum(self, momentum: float) -> None:
+        self.inner.set_momentum(momentum)
 
     def reset_state(self, name: str | None = None) -> None:
         super().reset_state(name)

@@ -5,19 +5,53 @@
 sets ``e = acc - local_estimate(payloads)``, so ``sent + new residual == g + old residual``
 (up to one float rounding). This is the "memory" of GRACE and BytePS's error-feedback
 decorator, written once for every compressor and every number of rounds.
+
+Momentum correction (``set_momentum(m)``, DGC's memory, Lin et al. 2018): when the optimizer
+applies momentum ``m`` after the all-reduce, error feedback on the bare gradient is unstable
+at a dense learning rate: a residual held back for many steps is released at once and the
+optimizer's momentum then amplifies it tenfold (m = 0.9), so the model oscillates or
+diverges. With momentum correction each rank accumulates the velocity itself,
+``u = m u + g``, compresses ``acc = u + e``, and after sending keeps in ``u`` only what was not
+sent (momentum factor masking: ``u - C(u)`` for a compressor whose selection is linear, i.e.
+sparsifiers and low-rank projections, ``u * clip(e / acc, 0, 1)`` otherwise). The reduced
+result ``R`` is then a velocity; the optimizer receives ``R_t - m R_{t-1}``, so its own
+momentum buffer ``m buf + d`` equals ``R_t`` and it steps by ``lr * R_t``. Momentum 0 (the
+default) is plain error feedback, bit for bit.
 """
 from __future__ import annotations
 
 from dlcomm.array_api import array_namespace
-from dlcomm.compression.base import CompressorWrapper, Context, check_tensor
+from dlcomm.compression.base import (
+    ALLREDUCE,
+    CompressorWrapper,
+    Context,
+    check_momentum,
+    check_op,
+    check_tensor,
+)
 from dlcomm.compression.sparsify import TopK, k_for
 from dlcomm.compression.topk_select import native_topk_with_residual
 
 _ACC = "error_feedback_acc"
+_MOMENTUM = "error_feedback_momentum"
 
 
 class ErrorFeedback(CompressorWrapper):
-    """Wraps ``inner`` with a per-tensor-name residual (``self.states[name]``)."""
+    """Wraps ``inner`` with a per-tensor-name residual (``self.states[name]``) and, with
+    ``momentum`` > 0, a per-tensor velocity (``self.velocities``) and the previous reduced
+    result (``self.results``) for momentum correction."""
+
+    def __init__(self, inner: object, momentum: float = 0.0) -> None:
+        super().__init__(inner)
+        self.momentum = check_momentum(momentum)
+        self.velocities: dict[str, object] = {}
+        self.results: dict[str, object] = {}
+
+    def set_momentum(self, momentum: float) -> None:
+        """The momentum the optimizer applies after the all-reduce (SGD's ``momentum``);
+        0 turns momentum correction off. Read at each step's ``compress``, so a schedule
+        that changes the optimizer's momentum may call it every step."""
+        self.momentum = check_momentum(momentum)
 
     def compress(self, tensor: object, name: str) -> tuple[list, Context]:
         check_tensor(tensor, name)
@@ -28,11 +62,28 @@ class ErrorFeedback(CompressorWrapper):
                 f"tensor {name!r}: shape/dtype changed from {residual.shape}/{residual.dtype} "
                 f"to {tensor.shape}/{tensor.dtype}; call reset_state({name!r}) first"
             )
+        momentum = self.momentum
+        if momentum:
+            velocity = self.velocities.get(name)
+            if velocity is None or velocity.shape != tensor.shape:
+                velocity = tensor.copy()
+            else:
+                velocity *= velocity.dtype.type(momentum)
+                velocity += tensor
+            self.velocities[name] = velocity
+            tensor = velocity
+        else:
+            self.velocities.pop(name, None)
         fused = self._native_topk(tensor, residual, name)
         if fused is not None:
-            return fused
+            payloads, ctx = fused
+            ctx.data[_MOMENTUM] = momentum
+            if momentum:
+                self.velocities[name] = self._unsent_velocity(tensor, payloads, ctx, None)
+            return payloads, ctx
         acc = tensor.copy() if residual is None else tensor + residual
         payloads, ctx = self.inner.compress(acc, name)
+        ctx.data[_MOMENTUM] = momentum
         return self._maybe_update(payloads, ctx, acc)
 
     def _native_topk(self, tensor: object, residual: object, name: str) -> tuple | None:
@@ -62,14 +113,67 @@ class ErrorFeedback(CompressorWrapper):
         if ctx.round == len(self.rounds) - 1:
             estimate = self.inner.local_estimate(payloads, ctx)
             xp = array_namespace(acc)
-            self.states[ctx.name] = xp.subtract(acc, estimate, dtype=acc.dtype)
+            residual = xp.subtract(acc, estimate, dtype=acc.dtype)
+            self.states[ctx.name] = residual
+            if ctx.data[_MOMENTUM]:
+                velocity = self.velocities[ctx.name]
+                self.velocities[ctx.name] = self._unsent_velocity(
+                    velocity, payloads, ctx, (acc, residual))
         else:
             ctx.data[_ACC] = acc
         return payloads, ctx
 
+    def _unsent_velocity(self, velocity: object, payloads: list, ctx: Context,
+                         acc_residual: tuple | None) -> object:
+        """Momentum factor masking: the velocity keeps only what this step did not send."""
+        kept = self.inner.unsent(velocity, payloads, ctx)
+        if kept is not None:
+            return kept
+        acc, residual = acc_residual  # a non-linear selection (sign): the kept share
+        xp = array_namespace(acc)
+        nonzero = acc != 0
+        share = xp.where(nonzero, residual / xp.where(nonzero, acc, 1), 1)
+        return velocity * xp.clip(share, 0, 1).astype(velocity.dtype, copy=False)
+
+    # -- momentum correction of the reduced result (identity when momentum is 0) -----------
+    def _velocity_step(self, result: object, ctx: Context) -> object:
+        """``R_t - m R_{t-1}``: what an optimizer with momentum m must receive so that its
+        momentum buffer equals the reduced velocity ``R_t``."""
+        momentum = ctx.data.get(_MOMENTUM, 0.0)
+        if not momentum:
+            self.results.pop(ctx.name, None)
+            return result
+        previous = self.results.get(ctx.name)
+        self.results[ctx.name] = result.copy()
+        if previous is None or previous.shape != result.shape:
+            return result
+        return result - previous * previous.dtype.type(momentum)
+
+    def decompress(self, payloads: list, ctx: Context) -> object:
+        out = self.inner.decompress(payloads, ctx)
+        if self.rounds[-1] != ALLREDUCE:
+            return out  # all-gathered payloads decompress purely; decompress_all corrects
+        return self._velocity_step(out, ctx)
+
+    def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
+        check_op(op)
+        return self._velocity_step(self.inner.decompress_all(per_rank, ctx, op), ctx)
+
     def residual(self, name: str) -> object | None:
         """The current residual of tensor ``name`` (None before its first step)."""
         return self.states.get(name)
+
+    def velocity(self, name: str) -> object | None:
+        """The local velocity of tensor ``name`` under momentum correction (else None)."""
+        return self.velocities.get(name)
+
+    def reset_state(self, name: str | None = None) -> None:
+        super().reset_state(name)
+        for store in (self.velocities, self.results):
+            if name is None:
+                store.clear()
+            else:
+                store.pop(name, None)
 
     def describe(self) -> str:
         return self.inner.describe()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dlcomm.array_api import array_namespace
 from dlcomm.compression.base import ALLREDUCE, SPARSE_MERGE, Compressor, Context
-from dlcomm.compression.sparsify import check_ratio, k_for, scatter_dense
+from dlcomm.compression.sparsify import check_ratio, k_for, scatter_dense, zero_at
 from dlcomm.compression.topk_select import exact_topk_indices, index_dtype
 
 
@@ -70,6 +70,9 @@ class GTopK(Compressor):
 
     def decompress(self, payloads: list, ctx: Context) -> object:
         return scatter_dense(payloads[0], ctx.data["indices"], ctx)
+
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object:
+        return zero_at(tensor, ctx.data["indices"])
 
     def describe(self) -> str:
         return f"gtopk:ratio={self.ratio}"

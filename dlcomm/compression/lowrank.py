@@ -52,6 +52,15 @@ def random_factor(seed: int, name: str, which: int, shape: tuple[int, int], like
     return from_host(host.astype(like.dtype), like)
 
 
+def minus_projection(tensor: object, basis: object, side: str) -> object:
+    """``tensor`` (as its matrix) less its projection onto the orthonormal columns ``basis``:
+    ``M - B (B^T M)`` for ``side="left"``, ``M - (M B) B^T`` for ``side="right"``; same shape
+    and dtype as ``tensor``."""
+    m = as_matrix(tensor)
+    projected = basis @ (basis.T @ m) if side == "left" else (m @ basis) @ basis.T
+    return (m - projected).reshape(tensor.shape).astype(tensor.dtype, copy=False)
+
+
 def low_rank_product(p: object, q: object, ctx: Context) -> object:
     """P Q^T reshaped and cast back to the original tensor."""
     return (p @ q.T).reshape(ctx.shape).astype(ctx.dtype, copy=False)
@@ -91,6 +100,9 @@ class PowerSGD(Compressor):
 
     def local_estimate(self, payloads: list, ctx: Context) -> object:
         return low_rank_product(ctx.data["p"], payloads[0], ctx)
+
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object:
+        return minus_projection(tensor, ctx.data["p"], "left")
 
     def describe(self) -> str:
         return f"powersgd:rank={self.rank},seed={self.seed}"
@@ -141,6 +153,10 @@ class ACPSGD(Compressor):
         if ctx.data["computes"] == "p":
             return low_rank_product(payloads[0], ctx.data["fixed"], ctx)
         return low_rank_product(ctx.data["fixed"], payloads[0], ctx)
+
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object:
+        side = "right" if ctx.data["computes"] == "p" else "left"
+        return minus_projection(tensor, ctx.data["fixed"], side)
 
     def describe(self) -> str:
         return f"acpsgd:rank={self.rank},seed={self.seed}"

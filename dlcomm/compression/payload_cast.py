@@ -69,6 +69,9 @@ class PayloadCast(CompressorWrapper):
     def local_estimate(self, payloads: list, ctx: Context) -> object:
         return self.inner.local_estimate(self._decode(payloads, ctx), ctx)
 
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object | None:
+        return self.inner.unsent(tensor, self._decode(payloads, ctx), ctx)
+
     def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
         return self.inner.decompress_all([self._decode(p, ctx) for p in per_rank], ctx, op)
 

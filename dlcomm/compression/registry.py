@@ -51,7 +51,8 @@ REGISTRY: dict[str, Entry] = {
     "gtopk": Entry(GTopK, {"ratio": float}, True),
     "efsignsgd": Entry(EFSignSGD, {}, True),
     "signum": Entry(Signum, {}, False),
-    "qsgd": Entry(QSGD, {"levels": int, "seed": int}, False),
+    "qsgd": Entry(QSGD, {"levels": int, "seed": int, "bucket": int, "norm": float},
+                  False),
     "powersgd": Entry(PowerSGD, {"rank": int, "seed": int}, True),
     "acpsgd": Entry(ACPSGD, {"rank": int, "seed": int}, True),
 }

@@ -36,6 +36,13 @@ def scatter_dense(values: object, indices: object, ctx: Context) -> object:
     return out.reshape(ctx.shape)
 
 
+def zero_at(tensor: object, indices: object) -> object:
+    """A copy of ``tensor`` with the elements at flat ``indices`` set to zero."""
+    out = tensor.copy()
+    out.reshape(-1)[indices] = 0
+    return out
+
+
 def sum_sparse(pairs: list, ctx: Context, op: str) -> object:
     """The sum (or mean) over ranks of ``(values, flat indices)`` pairs as a dense tensor,
     added in rank order into one zero buffer: the same bits as adding the ranks' dense
@@ -77,6 +84,9 @@ class TopK(Compressor):
 
     def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
         return sum_sparse([(values, indices) for values, indices in per_rank], ctx, op)
+
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object:
+        return zero_at(tensor, payloads[1])
 
     def describe(self) -> str:
         return f"topk:ratio={self.ratio},approx={int(self.approx)}"
@@ -120,6 +130,9 @@ class RandomK(Compressor):
 
     def decompress(self, payloads: list, ctx: Context) -> object:
         return scatter_dense(payloads[0], ctx.data["indices"], ctx)
+
+    def unsent(self, tensor: object, payloads: list, ctx: Context) -> object:
+        return zero_at(tensor, ctx.data["indices"])
 
     def describe(self) -> str:
         return f"randomk:ratio={self.ratio},seed={self.seed},unbiased={int(self.unbiased)}"

@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.collectives.registry import algorithm_name_from_env, get_allreduce_algorithm
+from dlcomm.collectives.registry import (
+    REDUCE_SCATTERS,
+    algorithm_name_from_env,
+    get_allreduce_algorithm,
+)
 from dlcomm.comm.counting import ByteCounter
 from dlcomm.comm.mpi_backend import MPICommunicator, dumps, loads
 from dlcomm.comm.polling import wait_polling
@@ -50,7 +54,7 @@ class Engine:
         self.size = world.size
         # Separate communicators keep negotiation messages apart from data messages.
         self.control = world.dup()
-        data = world.dup().with_algorithm(_allreduce_algorithm())
+        data = world.dup().with_algorithm(*_data_algorithms())
         self.counter = ByteCounter()  # payload bytes sent, counted by the data communicators
         self.process_sets: dict[int, ProcessSetState] = {
             WORLD: ProcessSetState(WORLD, tuple(range(self.size)), data, self.counter)
@@ -284,10 +288,13 @@ class Engine:
         state.free()
 
 
-def _allreduce_algorithm() -> Any:
-    """The dlcomm.collectives all-reduce chosen by DLCOMM_ALLREDUCE_ALGORITHM (None: MPI's)."""
+def _data_algorithms() -> tuple[Any, Any]:
+    """The dlcomm.collectives all-reduce chosen by DLCOMM_ALLREDUCE_ALGORITHM and the
+    reduce-scatter that reduces like it (None: MPI's own)."""
     name = algorithm_name_from_env()
-    return None if name == "mpi" else get_allreduce_algorithm(name)
+    if name == "mpi":
+        return None, None
+    return get_allreduce_algorithm(name), REDUCE_SCATTERS.get(name)
 
 
 def _open_timeline(path: str, rank: int) -> Any:

@@ -21,7 +21,7 @@ hosts x 1 Gbit/s in docs/heterogeneity.md.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -116,12 +116,14 @@ class GroupCycle:
 _AVERAGED_DTYPES = ("float16", "float32", "float64")  # what average_in_group averages
 
 
-def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
-                     step: int) -> list[np.ndarray]:
+def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle, step: int,
+                     while_waiting: Callable[[], None] | None = None) -> list[np.ndarray]:
     """Average ``arrays`` (numpy, one dtype) within this rank's group at ``step``, in place.
 
     The arrays are packed into one buffer and summed with one all-reduce on the group's
-    communicator (float16 is summed in float32).
+    communicator (float16 is summed in float32). ``while_waiting`` is called while the
+    members gather; it may raise to stop waiting for a member that will not come
+    (``GlobalSyncPoints.check``).
     """
     if not isinstance(cycle, GroupCycle):
         raise TypeError(f"cycle must be a GroupCycle, got {type(cycle).__name__}")
@@ -143,7 +145,6 @@ def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
     if members == 1:
         return arrays
     count = sum(a.size for a in arrays)
-    cycle.check_layout(step, dtype, count)
     work = np.float32 if dtype == np.float16 else dtype
     buf = np.empty(count, dtype=work)
     pos = 0
@@ -153,7 +154,18 @@ def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle,
     # Members arrive through a polled non-blocking barrier, so a rank whose partner is still
     # computing sleeps instead of spinning in MPI; the sum itself is the blocking call, whose
     # algorithms beat MPI_Iallreduce's (measured: docs/heterogeneity.md).
-    wait_polling(comm.ibarrier().test)
+    arrived = comm.ibarrier()
+    if while_waiting is None:
+        wait_polling(arrived.test)
+    else:
+        def gathered() -> bool:
+            while_waiting()
+            return arrived.test()
+
+        wait_polling(gathered)
+    # After the barrier: every member is here, so the layout check's blocking all-gather
+    # cannot leave a rank waiting, unpolled, for a member that will not come.
+    cycle.check_layout(step, dtype, count)
     comm.allreduce(buf, buf, ReduceOp.SUM)
     buf /= members
     pos = 0

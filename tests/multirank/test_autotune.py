@@ -143,5 +143,5 @@ def test_two_ranks_agree_on_tuned_settings(tmp_path, schedule):
     assert final["final"] is True
     best = min(records[:5], key=lambda r: r["seconds_per_step"])
     assert final["fusion_threshold"] == best["fusion_threshold"]
-    (payload,) = re.findall(r"SETTINGS (\[[^\]]*\])", proc.stdout)
+    (payload,) = re.findall(r"SETTINGS (\[[^\]]*\])", proc.rank_stdout[0])
     assert json.loads(payload) == [final["fusion_threshold"], final["cycle_time_ms"]]

@@ -3,9 +3,11 @@
 One mpirun per rank count runs all algorithms over sizes (0, 1, p-1, p, 7, 1000, 65537),
 dtypes (float32/64, int32/64) and ops (sum, min, max, product), out of place and in
 place, against ``comm.Allreduce``: exactly for integers and min/max, to float tolerance
-for float sums and products. Reduce-scatter and all-gather with unequal and zero counts,
-binomial broadcast and reduce from every root, and hierarchical all-reduce with forced
-host groups of 2 and 3 ranks are checked in the same run.
+for float sums and products; ``ordered`` also bit for bit against the rank-order reduction.
+Reduce-scatter (ring and ordered) and all-gather with unequal and zero counts, the ordered
+reduce-scatter + all-gather against the ordered all-reduce bit for bit, binomial broadcast
+and reduce from every root, and hierarchical all-reduce with forced host groups of 2 and 3
+ranks are checked in the same run.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 from dlcomm.collectives import (
     HierarchicalAllreduce, binomial_broadcast, binomial_reduce, get_allreduce_algorithm,
-    ring_allgather, ring_reduce_scatter,
+    ordered_reduce_scatter, ring_allgather, ring_reduce_scatter,
 )
 from dlcomm.comm.mpi_backend import mpi_op
 
@@ -35,7 +37,8 @@ hier2_tree = HierarchicalAllreduce(
     comm, hierarchical_ranks_per_host=2, hierarchical_leader_algorithm="tree"
 )
 assert hier2.host_count == (p + 1) // 2 and hier3.host_count == (p + 2) // 3
-ALGS = {name: get_allreduce_algorithm(name) for name in ("ring", "rhd", "tree", "hierarchical")}
+ALGS = {name: get_allreduce_algorithm(name)
+        for name in ("ordered", "ring", "rhd", "tree", "hierarchical")}
 ALGS["hierarchical/2 ring"] = lambda c, s, o, op: hier2(s, o, op)
 ALGS["hierarchical/3 rhd"] = lambda c, s, o, op: hier3(s, o, op)
 ALGS["hierarchical/2 tree"] = lambda c, s, o, op: hier2_tree(s, o, op)
@@ -52,6 +55,16 @@ def make(n, dtype, op):
     if op == "product":
         return rng.uniform(0.5, 1.5, n).astype(dtype)
     return rng.uniform(-1, 1, n).astype(dtype)
+
+
+def in_rank_order(x, op):
+    # Every rank's x reduced as ((x_0 op x_1) op x_2) ... in the dtype: ordered's result.
+    ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum, "product": np.multiply}[op]
+    copies = comm.allgather(x)
+    out = copies[0].copy()
+    for c in copies[1:]:
+        ufunc(out, c, out=out)
+    return out
 
 
 def same(got, want, dtype, op):
@@ -74,6 +87,7 @@ for n in SIZES:
             x = make(n, dtype, op)
             want = np.empty_like(x)
             comm.Allreduce(x, want, op=mpi_op(op))
+            ordered = in_rank_order(x, op)
             for name, alg in ALGS.items():
                 if name == "hierarchical/2 tree" and dtype in (np.float32, np.int32):
                     continue  # the tree-leader variant: 64-bit dtypes suffice, saves time
@@ -83,6 +97,8 @@ for n in SIZES:
                 res = alg(comm, x, out, op)
                 if res is not out or not same(out, want, dtype, op):
                     failures.append(case + " out of place: wrong result")
+                if name == "ordered" and not np.array_equal(out, ordered):
+                    failures.append(case + ": not the bits of the rank-order reduction")
                 if not np.array_equal(x, x_before):
                     failures.append(case + " out of place: sendbuf modified")
                 buf = x.copy()
@@ -107,12 +123,16 @@ for counts in COUNT_LISTS:
             full = np.empty_like(x)
             comm.Allreduce(x, full, op=mpi_op(op))
             x_before = x.copy()
-            out = np.full(counts[r], 7, dtype=dtype)
-            ring_reduce_scatter(comm, x, out, counts, op)
-            if not same(out, full[own], dtype, op):
-                failures.append("reduce_scatter " + case)
-            if not np.array_equal(x, x_before):
-                failures.append("reduce_scatter modified sendbuf " + case)
+            for name, reduce_scatter in (("ring", ring_reduce_scatter),
+                                         ("ordered", ordered_reduce_scatter)):
+                out = np.full(counts[r], 7, dtype=dtype)
+                res = reduce_scatter(comm, x, out, counts, op)
+                if res is not out or not same(out, full[own], dtype, op):
+                    failures.append(f"{name} reduce_scatter " + case)
+                if not np.array_equal(x, x_before):
+                    failures.append(f"{name} reduce_scatter modified sendbuf " + case)
+            if not np.array_equal(out, in_rank_order(x, op)[own]):
+                failures.append("ordered reduce_scatter: not the rank-order bits " + case)
         mine = make(counts[r], dtype, "sum")
         want = np.empty(int(offsets[-1]), dtype=dtype)
         comm.Allgatherv(mine, [want, counts])
@@ -125,6 +145,27 @@ for counts in COUNT_LISTS:
         ring_allgather(comm, got[own], got, counts)
         if not np.array_equal(got, want):
             failures.append(f"allgather in place counts={counts} {np.dtype(dtype)}")
+
+# The ordered pair: reduce-scatter then all-gather gives the all-reduce's bits, whatever the
+# split (equal blocks, uneven ones, zeros) and on both of the all-reduce's paths (whole
+# buffers gathered when small, reduce-scatter + all-gather when large).
+ordered = get_allreduce_algorithm("ordered")
+for n in sorted({1, max(p - 1, 1), p + 1, 2 * p + 1, 1001, 40001}):
+    for dtype in (np.float16, np.float32, np.float64):
+        x = (rng.standard_normal(n) * 10.0 ** rng.integers(-4, 4, n)).astype(dtype)
+        whole = np.empty_like(x)
+        ordered(comm, x, whole, "sum")
+        for counts in ([n // p + (1 if i < n % p else 0) for i in range(p)],
+                       [n] + [0] * (p - 1), [0] * (p - 1) + [n]):
+            offsets = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+            part = np.empty(counts[r], dtype=dtype)
+            ordered_reduce_scatter(comm, x, part, counts, "sum")
+            gathered = np.empty_like(x)
+            comm.Allgatherv(part.view(np.uint8),
+                            [gathered.view(np.uint8), [c * x.itemsize for c in counts]])
+            if not np.array_equal(gathered.view(np.uint8), whole.view(np.uint8)):
+                failures.append(f"ordered reduce_scatter + allgather != allreduce n={n} "
+                                f"{np.dtype(dtype)} counts={counts}")
 
 for root in range(p):
     for n in (0, 5, 65537):
@@ -151,7 +192,7 @@ sys.exit(1 if failures else 0)
 def test_every_algorithm_equals_native(np_ranks, tmp_path):
     """Ring, RHD, tree, hierarchical, reduce-scatter, all-gather, broadcast equal MPI's."""
     proc = run_mpi(np_ranks, EQUALS_NATIVE, tmp_path, timeout=150)
-    assert proc.stdout.count(": 0 failures") == np_ranks, proc.stdout
+    assert proc.count_per_rank(": 0 failures") == [1] * np_ranks, proc.report()
 
 
 HIERARCHICAL_CACHE = r"""
@@ -208,7 +249,7 @@ def test_hierarchical_subcommunicators_are_cached_per_communicator(tmp_path):
         "DLCOMM_HIERARCHICAL_LEADER_ALGORITHM": "tree",
     }
     proc = run_mpi(4, HIERARCHICAL_CACHE, tmp_path, timeout=60, env=env)
-    assert proc.stdout.count("cache ok") == 4, proc.stdout
+    assert proc.count_per_rank("cache ok") == [1] * 4, proc.report()
 
 
 ERRORS = r"""
@@ -216,8 +257,8 @@ import numpy as np
 from mpi4py import MPI
 from dlcomm.collectives import (
     HierarchicalAllreduce, algorithm_from_env, binomial_broadcast, binomial_reduce,
-    get_allreduce_algorithm, native_allreduce, ring_allgather, ring_allreduce,
-    ring_reduce_scatter,
+    get_allreduce_algorithm, native_allreduce, ordered_allreduce, ordered_reduce_scatter,
+    ring_allgather, ring_allreduce, ring_reduce_scatter,
 )
 from dlcomm.errors import DLCommError
 
@@ -235,15 +276,16 @@ def raises(kind, fragment, func, *args, **kwargs):
         raise AssertionError(f"{func.__name__}{args} did not raise {kind.__name__}")
 
 
-raises(ValueError, "valid names: mpi, ring, rhd, tree, hierarchical (also native = mpi)",
+raises(ValueError, "valid names: ordered, mpi, ring, rhd, tree, hierarchical (also native = mpi)",
        get_allreduce_algorithm, "butterfly")
 raises(TypeError, "string", get_allreduce_algorithm, 3)
 assert get_allreduce_algorithm(" Ring ") is ring_allreduce
-assert algorithm_from_env({}) is native_allreduce
+assert algorithm_from_env({}) is ordered_allreduce
+assert algorithm_from_env({"DLCOMM_ALLREDUCE_ALGORITHM": "native"}) is native_allreduce
 assert algorithm_from_env({"DLCOMM_ALLREDUCE_ALGORITHM": "rhd"}).__name__ == "rhd_allreduce"
 raises(ValueError, "DLCOMM_ALLREDUCE_ALGORITHM", algorithm_from_env,
        {"DLCOMM_ALLREDUCE_ALGORITHM": "fast"})
-for name in ("native", "ring", "rhd", "tree", "hierarchical"):
+for name in ("ordered", "native", "ring", "rhd", "tree", "hierarchical"):
     alg = get_allreduce_algorithm(name)
     raises(TypeError, "MPI.Intracomm", alg, "comm", x, x, "sum")
     raises(TypeError, "numpy.ndarray", alg, comm, [0.0] * 4, x, "sum")
@@ -259,10 +301,15 @@ for name in ("native", "ring", "rhd", "tree", "hierarchical"):
     ro = np.zeros(4)
     ro.flags.writeable = False
     raises(ValueError, "read-only", alg, comm, x, ro, "sum")
-raises(ValueError, "one count per rank", ring_reduce_scatter, comm, x, np.zeros(2), [2, 2, 0],
-       "sum")
-raises(ValueError, ">= 0", ring_reduce_scatter, comm, x, np.zeros(4), [-1] * comm.Get_size(),
-       "sum")
+for reduce_scatter in (ring_reduce_scatter, ordered_reduce_scatter):
+    raises(ValueError, "one count per rank", reduce_scatter, comm, x, np.zeros(2), [2, 2, 0],
+           "sum")
+    raises(ValueError, ">= 0", reduce_scatter, comm, x, np.zeros(4), [-1] * comm.Get_size(),
+           "sum")
+    raises(ValueError, "sum(counts)", reduce_scatter, comm, x, np.zeros(5),
+           [5] + [0] * (comm.Get_size() - 1), "sum")
+    raises(ValueError, "Average", reduce_scatter, comm, x, np.zeros(4),
+           [4] + [0] * (comm.Get_size() - 1), "average")
 raises(ValueError, "sum(counts)", ring_allgather, comm, x[:1], np.zeros(5),
        [1] * comm.Get_size())
 raises(ValueError, "outside", binomial_broadcast, comm, x, root=comm.Get_size())
@@ -285,4 +332,4 @@ print(f"rank {r}: errors ok")
 def test_bad_arguments_raise_actionable_errors(np_ranks, tmp_path):
     """Unknown names, wrong buffers, ops and counts raise TypeError/ValueError/DLCommError."""
     proc = run_mpi(np_ranks, ERRORS, tmp_path, timeout=60)
-    assert proc.stdout.count("errors ok") == np_ranks, proc.stdout
+    assert proc.count_per_rank("errors ok") == [1] * np_ranks, proc.report()

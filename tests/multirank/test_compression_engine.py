@@ -49,7 +49,7 @@ hvd.shutdown()
 def test_compressed_allreduce_through_engine_equals_reference(tmp_path):
     timeline = tmp_path / "tl-{rank}.json"
     proc = run_mpi(3, SCRIPT, tmp_path, timeout=240, env={"DLCOMM_TIMELINE": str(timeline)})
-    assert proc.stdout.count("OK") == 3
+    assert proc.count_per_rank("OK") == [1] * 3, proc.report()
     events = json.loads((tmp_path / "tl-0.json").read_text())
     phases = {e.get("name") for e in events}
     assert {"compress", "decompress", "communicate"} <= phases, phases

@@ -87,4 +87,4 @@ print(f"RANK {rank} OK", flush=True)
 @pytest.mark.parametrize("np_", [2, 3, 4])
 def test_compressed_allreduce_on_real_ranks(np_, tmp_path):
     proc = run_mpi(np_, SCRIPT, tmp_path, timeout=120)
-    assert proc.stdout.count(" OK") == np_, proc.stdout + proc.stderr
+    assert proc.count_per_rank(" OK") == [1] * np_, proc.report()

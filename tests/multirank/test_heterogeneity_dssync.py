@@ -143,3 +143,186 @@ for sync, expected in cases:
     assert torch.allclose(w, torch.full((4,), expected)), (world, sync, w, expected)
 hvd.shutdown()
 ''', tmp_path, timeout=180)
+
+
+# A DS-Sync job whose script never calls synchronize_globally(): every place it reads the
+# model (evaluation mode, the optimizer's and the model's state_dict, the end of the script,
+# here on rank 0 alone) must find the same model on every rank.
+READ_POINTS_SCRIPT = r'''
+import atexit, json, sys
+import numpy as np, torch
+import dlcomm.torch as hvd
+
+out_dir = sys.argv[1]
+hvd.init()
+rank, n = hvd.rank(), hvd.size()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+def flat():
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+def write_at_exit():  # registered before the optimizer: runs after its exit synchronisation
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(flat().tolist(), f)
+
+atexit.register(write_at_exit)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                               named_parameters=model.named_parameters())  # DLCOMM_SYNC
+assert hasattr(opt, "group_ranks"), "DLCOMM_SYNC did not select DS-Sync"
+g = torch.Generator().manual_seed(100 + rank)
+
+def train(steps):
+    model.train()
+    for _ in range(steps):
+        x, y = torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+def same_everywhere(what):
+    mine = flat()
+    everyone = hvd.allgather(mine[None], name=f"check.{what}")
+    assert all(torch.equal(everyone[0], e) for e in everyone), f"{what}: ranks differ"
+    return everyone
+
+train(3)
+before = hvd.allgather(flat()[None], name="before")
+assert not all(torch.equal(before[0], e) for e in before), "groups should differ by now"
+model.eval()  # the switch is seen at the first forward in eval mode
+with torch.no_grad():
+    model(torch.zeros(1, 5))
+same_everywhere("eval")
+torch.testing.assert_close(flat(), before.mean(0), rtol=1e-6, atol=1e-7)  # the global mean
+with torch.no_grad():
+    model(torch.zeros(1, 5))  # a second eval forward at the same step: no further average
+assert opt._synced_at == opt.sync_step == 3
+
+train(2)
+state = opt.state_dict()
+same_everywhere("optimizer state_dict")
+assert "state" in state and "param_groups" in state
+train(2)
+weights = model.state_dict()  # the model's own state_dict, through its modules' hooks
+everyone = same_everywhere("model state_dict")
+assert torch.equal(torch.cat([w.reshape(-1) for w in weights.values()]), everyone[0])
+
+train(2)
+if rank == 0:  # rank 0 alone evaluates at the end; the others meet it at exit
+    model.eval()
+    with torch.no_grad():
+        model(torch.zeros(1, 5))
+    assert opt._synced_at == opt.sync_step == 9
+print(f"OK {rank}", flush=True)
+'''
+
+
+@pytest.mark.parametrize("np_", [3, 4])
+def test_dssync_synchronises_wherever_the_model_is_read(tmp_path, np_) -> None:
+    """Evaluation mode, state_dict() of the optimizer and of the model, and the end of the
+    script (rank 0 evaluating alone there) all leave every rank with the global mean."""
+    proc = run_mpi(np_, READ_POINTS_SCRIPT, tmp_path, timeout=240, args=[str(tmp_path)],
+                   env={"DLCOMM_SYNC": "dssync:group_size=2"})
+    assert proc.count_per_rank("OK") == [1] * np_, proc.report()
+    import json
+
+    final = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(np_)]
+    assert all(f == final[0] for f in final), "ranks ended with different models"
+
+
+RANK0_EVAL_SCRIPT = r'''
+import sys
+import torch
+import dlcomm.torch as hvd
+
+out_dir = sys.argv[1]
+hvd.init()
+rank = hvd.rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters(),
+                               sync="dssync:group_size=2")
+g = torch.Generator().manual_seed(100 + rank)
+try:
+    for step in range(12):
+        model.train()
+        x, y = torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if rank == 0 and step == 2:  # the classic mistake: evaluate on rank 0 only
+            model.eval()
+            with torch.no_grad():
+                model(x)
+    opt.synchronize_globally()
+    message = "no error"
+except hvd.MismatchError as exc:
+    message = str(exc)
+with open(f"{out_dir}/rank{rank}.txt", "w") as f:
+    f.write(message)
+'''
+
+
+def test_dssync_evaluating_on_rank_0_alone_is_an_error_on_every_rank(tmp_path) -> None:
+    """Rank 0 switches to eval mode mid-training while the others go on: every rank raises
+    the same MismatchError naming the step, and the job ends instead of hanging."""
+    run_mpi(4, RANK0_EVAL_SCRIPT, tmp_path, timeout=240, args=[str(tmp_path)])
+    messages = [(tmp_path / f"rank{r}.txt").read_text() for r in range(4)]
+    assert all(m == messages[0] for m in messages), messages
+    assert "rank 0 averaged the model over all ranks after step 3" in messages[0], messages
+    assert "at the same step" in messages[0], messages
+
+
+FAILING_RANK_SCRIPT = r'''
+import torch
+import dlcomm.torch as hvd
+
+hvd.init()
+rank = hvd.rank()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters(),
+                               sync="dssync:group_size=2")
+for step in range(30):
+    if rank == 1 and step == 2:
+        raise ValueError("a bug on rank 1")
+    opt.zero_grad()
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+'''
+
+
+def test_dssync_a_rank_stopping_with_an_error_releases_the_others(tmp_path) -> None:
+    """A rank that dies of an exception does not leave the others waiting for it in their
+    groups or at the end-of-script average: they raise, naming it, and the job ends."""
+    proc = run_mpi(3, FAILING_RANK_SCRIPT, tmp_path, timeout=240, expect_rc=None)
+    assert proc.returncode != 0
+    assert "ValueError: a bug on rank 1" in proc.rank_stderr[1], proc.report()
+    for r in (0, 2):
+        assert "rank 1 stopped with ValueError: a bug on rank 1" in proc.rank_stderr[r], \
+            proc.report()
+
+
+def test_user_script_switched_to_dssync_by_the_environment_ends_with_one_model(
+        tmp_path) -> None:
+    """examples/torch_digits.py, a plain BSP script, run once as is and once with only
+    DLCOMM_SYNC=dssync:group_size=2 set: DS-Sync ends with one model on every rank, no more
+    than a point below BSP's held-out accuracy (2 epochs here; 10 in docs/heterogeneity.md)."""
+    import json
+    from pathlib import Path
+
+    pytest.importorskip("sklearn")
+    script = (Path(__file__).resolve().parents[1] / "examples" / "torch_digits.py").read_text()
+    results = {}
+    for sync in ("bsp", "dssync:group_size=2"):
+        out = tmp_path / f"{sync.split(':')[0]}.json"
+        run_mpi(4, script, tmp_path, timeout=300, env={"DLCOMM_SYNC": sync},
+                args=["--epochs", "2", "--json", str(out)])
+        results[sync] = json.loads(out.read_text())
+    bsp, dssync = results["bsp"], results["dssync:group_size=2"]
+    assert bsp["identical_parameters"] and dssync["identical_parameters"], results
+    assert len(set(dssync["accuracy"])) == 1, dssync
+    assert dssync["accuracy"][0] >= bsp["accuracy"][0] - 0.01, results

@@ -56,7 +56,7 @@ print(f"OK {MPI.COMM_WORLD.rank}", flush=True)
 def test_unique_id_is_shared_over_mpi(tmp_path):
     pytest.importorskip("cupy.cuda.nccl", reason="cupy with NCCL is not installed")
     proc = run_mpi(3, ID_SCRIPT, tmp_path, timeout=120)
-    assert proc.stdout.count("OK") == 3
+    assert proc.count_per_rank("OK") == [1] * 3, proc.report()
 
 
 DATA_SCRIPT = r'''
@@ -76,4 +76,4 @@ print("OK", flush=True)
 @pytest.mark.skipif(not nccl_available(), reason="the NCCL data path needs a GPU (none here)")
 def test_nccl_data_path(tmp_path):
     proc = run_mpi(2, DATA_SCRIPT, tmp_path, timeout=120)
-    assert proc.stdout.count("OK") == 2
+    assert proc.count_per_rank("OK") == [1] * 2, proc.report()

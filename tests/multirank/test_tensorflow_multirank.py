@@ -481,15 +481,18 @@ SECTIONS = [
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    """Run every section once on NP ranks; return the combined output."""
+    """Run every section once on NP ranks; return each rank's output (its stdout, then its
+    stderr: never one stream of several ranks, whose lines interleave)."""
     proc = run_mpi(NP, SCRIPT, tmp_path_factory.mktemp("tf"), timeout=540, env=QUIET,
                    args=[",".join(SECTIONS)])
-    return proc.stdout + proc.stderr
+    return [out + err for out, err in zip(proc.rank_stdout, proc.rank_stderr)]
 
 
 @pytest.mark.parametrize("name", SECTIONS)
 def test_section_passes_on_every_rank(report, name):
-    failures = re.findall(rf"FAIL {name} rank \d+\n.*?(?=\n(?:PASS|FAIL) |\Z)", report, re.S)
-    assert not failures, "\n".join(failures)
-    passed = re.findall(rf"PASS {name} rank (\d+)", report)
-    assert sorted(map(int, passed)) == list(range(NP)), report[-4000:]
+    assert len(report) == NP
+    for r, text in enumerate(report):
+        failures = re.findall(rf"FAIL {name} rank {r}\n.*?(?=\n(?:PASS|FAIL) |\Z)", text, re.S)
+        assert not failures, "\n".join(failures)
+        passed = re.findall(rf"PASS {name} rank (\d+)", text)
+        assert passed == [str(r)], text[-4000:]

@@ -245,7 +245,8 @@ def test_roundtrip_bench_times_idle_and_computing_ranks(tmp_path: Path) -> None:
         for state in ("idle", "busy"):
             assert 0 < r[state]["p10_ms"] <= r[state]["p50_ms"] <= r[state]["p90_ms"]
         assert r["ratio"] == pytest.approx(r["busy"]["p50_ms"] / r["idle"]["p50_ms"])
-    assert "| median |" in proc.stdout and "4000 bytes, 2 ranks" in proc.stdout, proc.stdout
+    table = proc.rank_stdout[0]  # rank 0 prints the table
+    assert "| median |" in table and "4000 bytes, 2 ranks" in table, proc.report()
 
 
 ROUNDTRIP_FAILURE_SCRIPT = """
@@ -267,7 +268,7 @@ def test_roundtrip_bench_reports_a_failed_compute_block_on_every_rank(tmp_path: 
     proc = run_mpi(2, ROUNDTRIP_FAILURE_SCRIPT, tmp_path, timeout=60)
     for rank in (0, 1):
         assert (f"rank {rank}: the compute thread failed on rank 1: MemoryError"
-                in proc.stdout), proc.stdout
+                in proc.rank_stdout[rank]), proc.report()
 
 
 def test_roundtrip_bench_validates_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -300,7 +301,7 @@ def test_exchange_bench_times_every_peer_on_real_ranks(tmp_path: Path) -> None:
         (p, b) for b in (1, 2) for p in ("native all-reduce", "ring all-reduce",
                                          "exchange p=1e-09", "exchange p=0.2")]
     assert all(r["median_ms"] >= r["min_ms"] > 0 and "link" not in r for r in rows)
-    assert "| exchange p=0.2 | median |" in proc.stdout, proc.stdout
+    assert "| exchange p=0.2 | median |" in proc.rank_stdout[0], proc.report()
 
 
 def test_exchange_bench_monitor_outside_the_emulator_fails_on_every_rank(
@@ -309,8 +310,8 @@ def test_exchange_bench_monitor_outside_the_emulator_fails_on_every_rank(
                    args=["--monitor-host", "7", "-n", "2"])
     assert proc.returncode != 0
     for rank in (0, 1):
-        assert f"rank {rank} error: --monitor-host 7:" in proc.stdout, proc.stdout
-    assert "dlcommrun --emulate" in proc.stdout
+        assert f"rank {rank} error: --monitor-host 7:" in proc.rank_stdout[rank], proc.report()
+        assert "dlcommrun --emulate" in proc.rank_stdout[rank], proc.report()
 
 
 def test_exchange_bench_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -534,10 +535,9 @@ print("CODES " + json.dumps(codes), flush=True)
 
 def test_tiny_real_run_checks_results_and_writes_json(tmp_path: Path) -> None:
     proc = run_mpi(2, _REAL_RUN, tmp_path, timeout=180, args=[str(tmp_path)])
-    # Found anywhere in the output: a rank's line may land mid-line of the other's output.
-    payloads = re.findall(r"CODES (\{[^{}]*\})", proc.stdout)
-    assert len(payloads) == 2, proc.stdout  # both ranks got the same exit codes
-    for payload in payloads:
+    payloads = [re.findall(r"CODES (\{[^{}]*\})", out) for out in proc.rank_stdout]
+    assert [len(p) for p in payloads] == [1, 1], proc.report()  # one line from each rank
+    for (payload,) in payloads:  # both ranks got the same exit codes
         codes = json.loads(payload)
         assert codes == {"allreduce": 0, "allgather": 0, "reducescatter": 0, "broadcast": 0,
                          "alltoall": 0, "average": 0, "fusion": 0, "wrong": 1}
@@ -556,7 +556,7 @@ def test_tiny_real_run_checks_results_and_writes_json(tmp_path: Path) -> None:
     assert fusion["all_ok"] and all(p["check"] == "OK" for p in fusion["peers"].values())
     wrong = json.loads((tmp_path / "wrong.json").read_text())
     assert wrong["all_ok"] is False and wrong["rows"][0]["dlcomm"]["check"] == "FAIL"
-    assert "FAIL" in proc.stdout and "  OK" in proc.stdout
+    assert "FAIL" in proc.rank_stdout[0] and "  OK" in proc.rank_stdout[0], proc.report()
 
 
 def test_time_to_target_accuracy_counts_training_time_until_first_reached() -> None:
@@ -581,3 +581,11 @@ def test_convergence_rejects_a_target_outside_zero_one() -> None:
 
     with pytest.raises(SystemExit):
         main(["--target", "1.5", "--specs", "none"])
+
+
+def test_training_benchmarks_find_their_example_scripts() -> None:
+    """The drivers start scripts of examples/ by path; a move of the tools must not lose them."""
+    from dlcomm.tools.bench import convergence, train
+
+    assert train.EXAMPLE.is_file(), train.EXAMPLE
+    assert convergence.EXAMPLE.is_file(), convergence.EXAMPLE

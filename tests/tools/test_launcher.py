@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import select
 import shlex
 import signal
 import subprocess
@@ -13,6 +11,7 @@ import sys
 import time
 import types
 import uuid
+from pathlib import Path
 
 import pytest
 from mpi_run import REPO
@@ -203,43 +202,45 @@ def test_exit_code_is_the_jobs() -> None:
     assert proc.returncode == 3, proc.stderr
 
 
-def test_two_rank_hello() -> None:
-    # One write per rank: the ranks' outputs may interleave between writes.
-    code = ("import sys; from mpi4py import MPI; c = MPI.COMM_WORLD; "
-            "sys.stdout.write(f'<hello {c.Get_rank()} of {c.Get_size()}>')")
-    proc = run_dlcommrun(["-np", "2", sys.executable, "-c", code])
+# Each rank writes its own file (named by its rank): the ranks' stdout shares one stream, where
+# their writes may interleave.
+_RANK_FILE = ("import os, sys; path = os.path.join(sys.argv[1], "
+              "'rank' + os.environ['OMPI_COMM_WORLD_RANK']); ")
+
+
+def test_two_rank_hello(tmp_path: Path) -> None:
+    code = _RANK_FILE + ("from mpi4py import MPI; c = MPI.COMM_WORLD; "
+                         "open(path, 'w').write(f'<hello {c.Get_rank()} of {c.Get_size()}>')")
+    proc = run_dlcommrun(["-np", "2", sys.executable, "-c", code, str(tmp_path)])
     assert proc.returncode == 0, proc.stderr
-    assert sorted(re.findall(r"<hello \d of \d>", proc.stdout)) == [
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == [
         "<hello 0 of 2>", "<hello 1 of 2>"]
 
 
-def test_forwarded_variable_reaches_ranks() -> None:
-    code = "import os, sys; sys.stdout.write('<mark=%s>' % os.environ.get('DLCOMM_TEST_MARK'))"
-    proc = run_dlcommrun(["-np", "2", "-x", "DLCOMM_TEST_MARK=42", sys.executable, "-c", code])
+def test_forwarded_variable_reaches_ranks(tmp_path: Path) -> None:
+    code = _RANK_FILE + "open(path, 'w').write('<mark=%s>' % os.environ.get('DLCOMM_TEST_MARK'))"
+    proc = run_dlcommrun(["-np", "2", "-x", "DLCOMM_TEST_MARK=42", sys.executable, "-c", code,
+                          str(tmp_path)])
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("<mark=42>") == 2
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["<mark=42>"] * 2
 
 
-def test_sigint_is_forwarded_and_job_ends() -> None:
+def test_sigint_is_forwarded_and_job_ends(tmp_path: Path) -> None:
     marker = f"dlcomm_sigint_test_{uuid.uuid4().hex}"
-    code = f"import time; print('ready', flush=True); time.sleep(120)  # {marker}"
+    code = _RANK_FILE + f"open(path, 'w').close(); import time; time.sleep(120)  # {marker}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "dlcomm.launcher.dlcommrun", "-np", "2",
-         sys.executable, "-c", code],
+         sys.executable, "-c", code, str(tmp_path)],
         env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True,
     )
     try:
-        seen, deadline, buf = 0, time.monotonic() + 60, b""
-        while seen < 2 and time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-            if ready:
-                chunk = os.read(proc.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                buf += chunk
-                seen = buf.count(b"ready")
-        assert seen == 2, f"ranks did not start: {buf!r}"
+        deadline = time.monotonic() + 60
+        started = []
+        while len(started) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            started = [r for r in range(2) if (tmp_path / f"rank{r}").exists()]
+        assert started == [0, 1], f"ranks did not start: {started}"
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
         assert code != 0

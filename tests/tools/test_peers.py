@@ -128,8 +128,9 @@ def test_fusion_runs_and_checks_on_two_ranks_dlcomm_only(tmp_path):
         raise SystemExit(main(["fusion", "--frameworks", "dlcomm", "--tensors", "8",
                                "--tensor-bytes", "400", "--warmup", "1", "--iters", "2"]))
     """, tmp_path, timeout=120)
-    assert "dlcomm         async" in proc.stdout
-    assert "dlcomm  concatenated" in proc.stdout
+    table = proc.rank_stdout[0]  # rank 0 prints the times
+    assert "dlcomm         async" in table, proc.report()
+    assert "dlcomm  concatenated" in table, proc.report()
 
 
 def test_fusion_rejects_unknown_framework():

@@ -163,7 +163,7 @@ def test_randomk_indices_agree_across_instances_and_vary_by_step():
 
 def test_qsgd_is_unbiased_and_on_the_level_grid():
     x = np.random.default_rng(7).standard_normal(64)
-    c = QSGD(levels=4, seed=1, min_compress_size=0, compress_1d=True)
+    c = QSGD(levels=4, seed=1, norm=2, min_compress_size=0, compress_1d=True)
     trials = 4000
     outs = np.array([simulate([c], [x], "v") for _ in range(trials)])
     unit = np.linalg.norm(x) / 4

@@ -255,7 +255,7 @@ def test_status_functions():
 
 # ---- float16 all-reduce through dlcomm on real ranks ----------------------------------------
 FLOAT16_ALLREDUCE_SCRIPT = """
-import sys
+import os, sys
 import numpy as np
 from mpi4py import MPI
 import dlcomm
@@ -270,7 +270,7 @@ def counting_add(a, b):
     return real_add(a, b)
 
 
-dlcomm.kernels.float16_add_ = counting_add  # the MPI op looks it up at each call
+dlcomm.kernels.float16_add_ = counting_add  # the sums look it up at each call
 dlcomm.init()
 rank = dlcomm.rank()
 rng = np.random.default_rng(100 + rank)
@@ -278,18 +278,25 @@ finite = (rng.standard_normal(300_000) * 50).astype(np.float16)
 specials = rng.integers(0, 2**16, 5_000, dtype=np.uint16).view(np.float16)  # NaN, inf, tiny
 tensors = {"finite": finite, "specials": specials}
 out = {}
+ordered = os.environ["DLCOMM_ALLREDUCE_ALGORITHM"] == "ordered"
 for name, x in tensors.items():
     out[name] = dlcomm.allreduce(x, name=name, op=dlcomm.Sum)
-    # Peer: raw mpi4py with a numpy user op, the pre-native code path.
-    def add(inbuf, inoutbuf, datatype):
-        b = np.frombuffer(inoutbuf, dtype=np.float16)
-        np.add(np.frombuffer(inbuf, dtype=np.float16), b, out=b)
-    op = MPI.Op.Create(add, commute=True)
-    raw = x.copy()
-    with np.errstate(all="ignore"):
-        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, raw.view(np.int16), op=op)
-    op.Free()
-    assert out[name].tobytes() == raw.tobytes(), f"rank {rank}: {name} differs from numpy op"
+    if ordered:  # Peer: numpy adding every rank's copy in rank order, incoming first.
+        copies = MPI.COMM_WORLD.allgather(x)
+        raw = copies[0].copy()
+        with np.errstate(all="ignore"):
+            for c in copies[1:]:
+                np.add(c, raw, out=raw)
+    else:  # Peer: raw mpi4py with a numpy user op, the pre-native code path.
+        def add(inbuf, inoutbuf, datatype):
+            b = np.frombuffer(inoutbuf, dtype=np.float16)
+            np.add(np.frombuffer(inbuf, dtype=np.float16), b, out=b)
+        op = MPI.Op.Create(add, commute=True)
+        raw = x.copy()
+        with np.errstate(all="ignore"):
+            MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, raw.view(np.int16), op=op)
+        op.Free()
+    assert out[name].tobytes() == raw.tobytes(), f"rank {rank}: {name} differs from numpy"
 np.savez(sys.argv[1] + f"/rank{rank}.npz", **out)
 print("native", dlcomm.kernels.available(), "kernel used", calls[0] > 0, flush=True)
 dlcomm.shutdown()
@@ -300,19 +307,26 @@ dlcomm.shutdown()
 def test_float16_allreduce_bit_identical_with_and_without_native(tmp_path):
     from mpi_run import run_mpi  # noqa: PLC0415 - tests/ helper
 
-    results = {}
-    for flag in ("1", "0"):
-        folder = tmp_path / f"native{flag}"
-        folder.mkdir()
-        proc = run_mpi(2, FLOAT16_ALLREDUCE_SCRIPT, tmp_path, timeout=120,
-                       env={"DLCOMM_NATIVE": flag}, args=[str(folder)])
-        used = flag == "1"
-        assert f"native {used} kernel used {used}" in proc.stdout
-        results[flag] = [np.load(folder / f"rank{r}.npz") for r in range(2)]
-    for r in range(2):
-        for name in ("finite", "specials"):
-            assert same_bits(results["1"][r][name], results["0"][r][name]), (r, name)
-    assert same_bits(results["1"][0]["finite"], results["1"][1]["finite"])
+    # Both all-reduce algorithms that sum float16 with the kernel: the default (ordered,
+    # rank order, against numpy in rank order: the same bits on every rank, NaNs included)
+    # and native (MPI's user op, against a numpy user op).
+    for algorithm in ("ordered", "native"):
+        results = {}
+        for flag in ("1", "0"):
+            folder = tmp_path / f"{algorithm}{flag}"
+            folder.mkdir()
+            proc = run_mpi(2, FLOAT16_ALLREDUCE_SCRIPT, tmp_path, timeout=120, args=[str(folder)],
+                           env={"DLCOMM_NATIVE": flag, "DLCOMM_ALLREDUCE_ALGORITHM": algorithm})
+            used = flag == "1"
+            assert proc.rank_stdout == [f"native {used} kernel used {used}\n"] * 2, \
+                proc.report()
+            results[flag] = [np.load(folder / f"rank{r}.npz") for r in range(2)]
+        for r in range(2):
+            for name in ("finite", "specials"):
+                assert same_bits(results["1"][r][name], results["0"][r][name]), (r, name)
+        assert same_bits(results["1"][0]["finite"], results["1"][1]["finite"])
+        if algorithm == "ordered":
+            assert same_bits(results["1"][0]["specials"], results["1"][1]["specials"])
 
 
 # ---- compressors: native path equals the numpy path ----------------------------------------

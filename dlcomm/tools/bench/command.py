@@ -31,6 +31,7 @@ EXTERNAL_ACTIONS: dict[str, str] = {
     "roundtrip": "dlcomm.tools.bench.roundtrip",
     "fl": "dlcomm.tools.bench.fl",
     "fl-schedule": "dlcomm.tools.bench.fl_schedule",
+    "kfac": "dlcomm.tools.bench.kfac",
 }
 
 

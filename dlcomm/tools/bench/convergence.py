@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torch_mnist.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "torch_mnist.py"
 DEFAULT_SPECS = ["none", "fp16", "bf16", "randomk:ratio=0.05", "topk:ratio=0.01",
                  "topk:ratio=0.01,approx=1", "gtopk:ratio=0.01", "efsignsgd", "signum",
                  "qsgd:levels=16", "powersgd:rank=4", "acpsgd:rank=4"]

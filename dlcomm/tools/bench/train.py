@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torch_synthetic_benchmark.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "torch_synthetic_benchmark.py"
 
 
 def parse_list(text: str) -> list[str]:

@@ -3,8 +3,8 @@ congested clusters (see docs/heterogeneity.md):
 
 * ``bsp`` (default): every step averages gradients over all ranks (today's behaviour);
 * ``dssync:group_size=S[,seed=0,cycle=8]``: DS-Sync, parameters averaged within shuffled
-  groups of S ranks (``dssync.py``); call ``optimizer.synchronize_globally()`` before
-  evaluating, checkpointing and at the end;
+  groups of S ranks (``dssync.py``), and over all ranks where the model is read (eval mode,
+  ``state_dict()``, ``synchronize_globally()``, the end of the script);
 * ``lbbsp:global_batch=B[,min_batch=1,max_batch=B,predictor=ema,interval=8]``: LB-BSP, local
   batches re-sized every iteration; feed data with ``BalancedBatchSampler(n,
   optimizer.balancer)`` (``lbbsp.py``);

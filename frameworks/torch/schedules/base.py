@@ -19,7 +19,7 @@ from dlcomm.autotune import autotuner_from_env
 from dlcomm.ops import Average, ReduceOp
 from dlcomm.process_sets import ProcessSet
 from dlcomm.torch.compression import CoreCompressor
-from dlcomm.torch.gradient_allreduce import start_gradient_allreduce
+from dlcomm.torch.gradient_allreduce import momentum_after_allreduce, start_gradient_allreduce
 
 _instances = itertools.count()  # optimizers are built in the same order on every rank
 
@@ -90,7 +90,7 @@ class ScheduleBase:
             [self._dense_grad(p) for p in params], f"{self._prefix}.{name}",
             compression=self._compression, core_compressor=self._core_compressor,
             op=self._op, prescale_factor=pre, postscale_factor=post,
-            process_set=self._process_set))
+            process_set=self._process_set, momentum=momentum_after_allreduce(self)))
 
     def _record_step_for_autotune(self) -> None:
         """Feed this step's time to the autotuner (all ranks at the same step)."""

@@ -19,7 +19,7 @@ from dlcomm.ops import Average, ReduceOp
 from dlcomm.process_sets import ProcessSet
 from dlcomm.torch import mpi_ops
 from dlcomm.torch.compression import CoreCompressor
-from dlcomm.torch.gradient_allreduce import start_gradient_allreduce
+from dlcomm.torch.gradient_allreduce import momentum_after_allreduce, start_gradient_allreduce
 
 
 class _Pending:
@@ -110,7 +110,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return _Pending(None, start_gradient_allreduce(
             [p.grad for p in params], f"allreduce.{name}", compression=self._compression,
             core_compressor=self._core_compressor, op=self._op, prescale_factor=pre,
-            postscale_factor=post, process_set=self._process_set))
+            postscale_factor=post, process_set=self._process_set,
+            momentum=momentum_after_allreduce(self)))
 
     def _submit_sparse(self, p: torch.Tensor, name: str) -> _Pending:
         """Sparse gradients: all-gather indices and values, then sum (as Horovod does)."""

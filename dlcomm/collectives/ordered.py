@@ -1,0 +1,122 @@
+"""The ``ordered`` all-reduce and reduce-scatter: every element is reduced in rank order.
+
+MPI's own collectives combine the ranks' contributions in an order chosen by the algorithm
+MPI picks, and that order depends on the message size and on where an element sits in the
+buffer. Floating-point addition is not associative, so with 3 or more ranks the same
+gradient gets different last bits depending on how tensors are fused or split: an
+all-reduce and a reduce-scatter followed by an all-gather of the same data disagree (the
+``dear`` schedule against ``wfbp``). Here each element is reduced as
+``((x_0 + x_1) + x_2) + ... + x_{p-1}`` over ranks 0..p-1, whatever buffer it travels in, so
+every schedule, bucket size and fusion threshold gives the same bits, on every rank.
+
+The reduce-scatter is one all-to-all (each rank receives every rank's copy of its own
+block: ``(p-1)/p`` of the buffer, as a ring reduce-scatter sends) and a local reduction in
+rank order; the all-reduce all-gathers the reduced blocks afterwards. Buffers whose copies
+from all ranks fit in ``SMALL_GATHER_BYTES`` are all-gathered whole instead (one collective
+instead of two) and reduced in the same order, so the choice does not change the result.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from dlcomm import kernels
+from dlcomm.collectives.buffers import (
+    CommLike,
+    check_comm,
+    check_send_recv_pair,
+    is_same_buffer,
+    raise_collective_errors,
+)
+from dlcomm.collectives.chunking import displacements, equal_counts, validate_counts
+from dlcomm.collectives.reduction import reduction_ufunc
+from dlcomm.ops import ReduceOp
+
+# An all-reduce whose p copies of the buffer take at most this many bytes gathers them whole.
+SMALL_GATHER_BYTES = 64 * 1024
+
+
+def _reduce_in_rank_order(blocks: np.ndarray, out: np.ndarray, ufunc: np.ufunc) -> None:
+    """``out = blocks[0]``, then ``out = ufunc(blocks[j], out)`` for j = 1..p-1: every element
+    reduced in rank order. (The operand order matters only for which NaN payload survives;
+    it is the native float16 sum's, and MPI's for a user op: incoming first.)"""
+    np.copyto(out, blocks[0])
+    if out.size == 0:
+        return
+    # The native float16 sum returns numpy's bits faster (tests/unit/test_kernels.py).
+    fast_half_sum = out.dtype == np.float16 and ufunc is np.add and kernels.available()
+    for block in blocks[1:]:
+        if fast_half_sum:
+            kernels.float16_add_(block, out)
+        else:
+            ufunc(block, out, out=out)
+
+
+@raise_collective_errors
+def ordered_reduce_scatter(
+    comm: CommLike,
+    sendbuf: np.ndarray,
+    recvbuf: np.ndarray,
+    counts: Sequence[int],
+    op: ReduceOp | str = ReduceOp.SUM,
+) -> np.ndarray:
+    """Reduce ``sendbuf`` over all ranks in rank order; rank r keeps block r in ``recvbuf``.
+
+    ``counts[i]`` is the number of elements of block i (the same list on every rank; zeros
+    and unequal counts are allowed); ``sendbuf`` holds ``sum(counts)`` elements and
+    ``recvbuf`` holds ``counts[rank]``. ``sendbuf`` is not modified. Returns ``recvbuf``.
+    """
+    comm = check_comm(comm)
+    ufunc = reduction_ufunc(op)
+    send, recv = check_send_recv_pair(sendbuf, recvbuf, same_size=False)
+    size, rank = comm.size, comm.rank
+    counts = validate_counts(counts, size)
+    offsets = displacements(counts)
+    if send.size != offsets[-1]:
+        raise ValueError(f"sendbuf has {send.size} elements but sum(counts) is {offsets[-1]}")
+    if recv.size != counts[rank]:
+        raise ValueError(f"recvbuf has {recv.size} elements but counts[{rank}] is {counts[rank]}")
+    if size == 1:
+        np.copyto(recv, send)
+        return recv
+    mine = counts[rank]
+    copies = np.empty((size, mine), dtype=send.dtype)  # copies[j]: rank j's block `rank`
+    comm.alltoallv(send, list(counts), copies.reshape(-1), [mine] * size)
+    _reduce_in_rank_order(copies, recv, ufunc)
+    return recv
+
+
+@raise_collective_errors
+def ordered_allreduce(
+    comm: CommLike,
+    sendbuf: np.ndarray,
+    recvbuf: np.ndarray,
+    op: ReduceOp | str = ReduceOp.SUM,
+) -> np.ndarray:
+    """All-reduce ``sendbuf`` into ``recvbuf``, each element reduced in rank order.
+
+    Buffers are contiguous 1-D numpy arrays of the same size and dtype on every rank;
+    ``sendbuf is recvbuf`` reduces in place. Returns ``recvbuf``.
+    """
+    comm = check_comm(comm)
+    ufunc = reduction_ufunc(op)
+    send, recv = check_send_recv_pair(sendbuf, recvbuf)
+    size = comm.size
+    if size == 1:
+        if not is_same_buffer(send, recv):
+            np.copyto(recv, send)
+        return recv
+    if recv.size == 0:
+        return recv
+    if send.nbytes * size <= SMALL_GATHER_BYTES:
+        copies = np.empty((size, send.size), dtype=send.dtype)
+        comm.allgatherv(send, copies.reshape(-1), [send.size] * size)
+        _reduce_in_rank_order(copies, recv, ufunc)
+        return recv
+    counts = equal_counts(send.size, size)
+    block = np.empty(counts[comm.rank], dtype=send.dtype)
+    ordered_reduce_scatter(comm, send, block, counts, op)
+    # sendbuf was consumed by the all-to-all, so recvbuf may be the same memory.
+    comm.allgatherv(block, recv, list(counts))
+    return recv
