@@ -13,6 +13,7 @@ from dlcomm.split import (
     Message,
     NoneCodec,
     SampleMemory,
+    SideCodec,
     Slot,
     TopKCodec,
     get_codec,
@@ -247,8 +248,26 @@ def test_protocol_refuses_garbage() -> None:
         unpack(header, np.zeros(body.size + 8, dtype=np.uint8))
     with pytest.raises(ValueError, match="micro-batch"):
         tags(Kind.ACTIVATION, 5000)
-    assert len({tags(k, m)[i] for k in Kind for m in (0, 1, 1023) for i in (0, 1)}) == \
-        len(Kind) * 3 * 2
+    channels = {k for k in Kind if k is not Kind.CLOSE}  # CLOSE travels as ACTIVATION does
+    assert len({tags(k, m)[i] for k in channels for m in (0, 1, 1023) for i in (0, 1)}) == \
+        len(channels) * 3 * 2
+    assert tags(Kind.CLOSE, 0) == tags(Kind.ACTIVATION, 0)
+
+
+def test_side_codec_packs_masks_and_keeps_the_rest() -> None:
+    codec = SideCodec()
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=np.int64)
+    enc = codec.encode(mask)
+    assert enc.nbytes == 2  # 15 bits
+    back = codec.decode(enc)
+    assert back.dtype == np.int64 and np.array_equal(back, mask)
+    flags = np.array([True, False, True])
+    assert np.array_equal(codec.decode(codec.encode(flags)), flags)
+    labels = np.array([0, 2, 1, 2], dtype=np.int64)
+    enc = codec.encode(labels)
+    assert enc.nbytes == labels.nbytes and np.array_equal(codec.decode(enc), labels)
+    floats = np.array([0.0, 1.0, 0.5], dtype=np.float32)
+    assert np.array_equal(codec.decode(codec.encode(floats)), floats)
 
 
 def test_spectrum_orders_energies() -> None:
