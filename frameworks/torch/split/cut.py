@@ -154,7 +154,7 @@ def cut_module(model: torch.nn.Module, split_point: str, links: str = "keep",
     pulled: list[fx.Node] = []
     bypass: dict[fx.Node, fx.Node] = {}
     while True:
-        edge = _ancestors([split, *pulled])
+        edge = _with_items(graph, _ancestors([split, *pulled]))
         crossing, needed = _walk(output, edge, derived, bypass)
         links_now = sorted((v for v in crossing if v.op != "placeholder" and v is not split),
                            key=order.__getitem__)
@@ -185,6 +185,15 @@ def cut_module(model: torch.nn.Module, split_point: str, links: str = "keep",
                eliminated=tuple(f"{_dropped(n, bypass).name} (residual into {n.name})"
                                 for n in bypass),
                rerouted=tuple(n.name for n in pulled))
+
+
+def _with_items(graph: fx.Graph, edge: set[fx.Node]) -> set[fx.Node]:
+    """``edge`` and the items taken out of its tuple outputs (``out[0]`` of a module that
+    returns a tuple, as attention modules do): the tensor crosses, not the tuple."""
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is operator.getitem and n.args[0] in edge:
+            edge.add(n)
+    return edge
 
 
 def _resolve(node: fx.Node, bypass: dict[fx.Node, fx.Node]) -> fx.Node:

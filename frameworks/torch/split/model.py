@@ -120,6 +120,7 @@ class SplitModel(torch.nn.Module):
                               for w in ("activation_codec", "gradient_codec"))
         self._awaiting_backward = False
         self._closed = False
+        self._closed_edges: set[int] = set()  # the cloud: edges that sent CLOSE
 
     @staticmethod
     def _check_settings(settings: dict[str, Any], model: Any, split_point: Any, parts: Any,
@@ -308,24 +309,31 @@ class SplitModel(torch.nn.Module):
             self.close()
 
     # --- the cloud -----------------------------------------------------------------------
-    def serve(self, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None
-              ) -> int:
-        """Cloud rank: answer the edges until every edge closed; step ``optimizer`` (and
+    def serve(self, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+              max_steps: int | None = None) -> int:
+        """Cloud rank: answer the edges until every edge closed, or until ``max_steps``
+        training steps were taken (call ``serve`` again to go on); step ``optimizer`` (and
         ``scheduler``) once per training step of the edges. Returns the steps taken."""
         if not self.roles.is_cloud:
             raise RuntimeError("serve() runs on the cloud rank; edge ranks call the model")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
-        open_edges = list(self.roles.edges)
+        if max_steps is not None and (isinstance(max_steps, bool) or
+                                      not isinstance(max_steps, int) or max_steps < 1):
+            raise ValueError(f"max_steps must be None or an int >= 1, got {max_steps!r}")
+        if self._closed:
+            raise RuntimeError("this SplitModel was closed")
+        open_edges = [e for e in self.roles.edges if e not in self._closed_edges]
         steps = 0
-        while open_edges:
+        while open_edges and (max_steps is None or steps < max_steps):
             contributed = 0
             for edge in list(open_edges):
                 while True:
                     first = self.link.recv(edge, (Kind.ACTIVATION, Kind.CLOSE))
                     if first.kind == Kind.CLOSE:
                         open_edges.remove(edge)
+                        self._closed_edges.add(edge)
                         break
                     if self._serve_call(edge, first):
                         contributed += 1
