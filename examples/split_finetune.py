@@ -172,6 +172,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time uncompressed against the given codecs: ROUNDS rounds of one "
                         "block each (no accuracy)")
     p.add_argument("--block-steps", type=int, default=5, help="steps per timed block")
+    p.add_argument("--eval-uncompressed", action="store_true",
+                   help="after training, also evaluate the fine-tuned parts with the "
+                        "activations uncompressed (a second split model of the same parts)")
     p.add_argument("--json", default="", help="rank 0 writes the summary here")
     args = p.parse_args(argv)
     for name in ("train_samples", "test_samples", "max_length", "batch_size", "epochs",
@@ -181,14 +184,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def split_model(args: argparse.Namespace, model: torch.nn.Module, activation_codec: Any,
+                gradient_codec: Any) -> SplitModel:
+    """``model`` cut as the options say (parts cut from one model share its parameters)."""
+    return SplitModel(model, args.split_point, loss_fn=torch.nn.CrossEntropyLoss(),
+                      leaf_modules=leaf_modules(), split_activation_codec=activation_codec,
+                      split_gradient_codec=gradient_codec,
+                      split_micro_batches=args.micro_batches, split_labels=args.labels,
+                      split_links=args.links)
+
+
 def build_split(args: argparse.Namespace, model: torch.nn.Module, activation_codec: Any,
                 gradient_codec: Any) -> tuple[SplitModel, torch.optim.Optimizer]:
     """The split model and its optimizer (the edges' averaged through the engine)."""
-    split = SplitModel(model, args.split_point, loss_fn=torch.nn.CrossEntropyLoss(),
-                       leaf_modules=leaf_modules(), split_activation_codec=activation_codec,
-                       split_gradient_codec=gradient_codec,
-                       split_micro_batches=args.micro_batches, split_labels=args.labels,
-                       split_links=args.links)
+    split = split_model(args, model, activation_codec, gradient_codec)
     opt: torch.optim.Optimizer = torch.optim.AdamW(split.parameters(), lr=args.lr)
     if split.is_edge and len(split.roles.edges) > 1:
         opt = hvd.DistributedOptimizer(opt, named_parameters=split.named_parameters(),
@@ -368,17 +377,32 @@ def main(argv: list[str] | None = None) -> None:
         cloud_rank = int(record.pop("cloud"))
     else:
         split, opt = build_split(args, model, args.activation_codec, args.gradient_codec)
+        plain = split_model(args, model, "none", "none") if args.eval_uncompressed else None
         summary["cut"] = split.cut.describe()
         summary["codecs"] = {"activation": split.settings["activation_codec"],
                              "gradient": split.settings["gradient_codec"]}
+        data = None
         if split.is_cloud:
             record = {"cloud_steps": split.serve(opt)}
         else:
             roles = split.roles
-            record = run_edge(args, split, opt,
-                              shard(args, tokenizer, roles.edge_index, len(roles.edges)))
+            data = shard(args, tokenizer, roles.edge_index, len(roles.edges))
+            record = run_edge(args, split, opt, data)
         split.close()
         record["bytes_sent_total"] = split.bytes_sent
+        if plain is not None:  # the trained parameters, seen through a lossless link
+            if plain.is_cloud:
+                plain.serve()
+            else:
+                assert data is not None
+                correct, total = evaluate(plain, data["test_ids"], data["test_mask"],
+                                          data["test_y"], data["test_sample_ids"],
+                                          args.batch_size)
+                record["uncompressed_eval"] = {"correct": correct, "total": total}
+                print(f"edge {plain.roles.edge_index} held-out accuracy, activations "
+                      f"uncompressed: {correct / max(total, 1):.4f} ({correct}/{total})",
+                      flush=True)
+            plain.close()
         cloud_rank = split.roles.cloud
     every = hvd.allgather_object(record, name="split_finetune.summary")
     edges = [r for r in range(hvd.size()) if r != cloud_rank]
@@ -391,6 +415,10 @@ def main(argv: list[str] | None = None) -> None:
             summary["accuracy"] = correct / max(total, 1)
             summary["bytes_per_step"] = sum(r["bytes_per_step"] for r in edge_records)
             summary["median_step_s"] = max(r["median_step_s"] or 0.0 for r in edge_records)
+            if args.eval_uncompressed:
+                summary["accuracy_uncompressed_eval"] = sum(
+                    r["uncompressed_eval"]["correct"] for r in edge_records) / max(1, sum(
+                        r["uncompressed_eval"]["total"] for r in edge_records))
             print(f"held-out accuracy {summary['accuracy']:.4f} ({correct}/{total}); bytes "
                   f"across the split per step {summary['bytes_per_step']:.0f} (all edges); "
                   f"median time per step {summary['median_step_s'] * 1e3:.0f} ms", flush=True)

@@ -36,7 +36,7 @@ def run_example(tmp_path: Path, ranks: int, extra: list[str]) -> tuple[dict, obj
 
 
 def test_example_trains_through_the_split_and_counts_its_bytes(tmp_path: Path) -> None:
-    dense, proc = run_example(tmp_path, 2, [])
+    dense, proc = run_example(tmp_path, 2, ["--eval-uncompressed"])
     assert "held-out accuracy" in proc.rank_stdout[0], proc.report()
     assert "bytes/step" in proc.rank_stdout[1] and "time/step" in proc.rank_stdout[1]
     cloud, edge = dense["per_rank"]
@@ -49,15 +49,18 @@ def test_example_trains_through_the_split_and_counts_its_bytes(tmp_path: Path) -
                                        ) / edge["steps"]
     assert edge["train_bytes_sent"] > 8 * 16 * 64 * 4 * edge["steps"]  # a float32 activation
     assert cloud["bytes_sent_total"] >= edge["train_bytes_received"]
+    # a second, lossless split of the same parts sees the same trained model
+    assert dense["accuracy_uncompressed_eval"] == dense["accuracy"]
 
     # three ranks: two edges whose parts are averaged, activations and gradients low-rank
     small, proc = run_example(tmp_path, 3, ["--activation-codec", LOWRANK,
                                             "--gradient-codec", LOWRANK + ",memory=feedback",
-                                            "--epochs", "2"])
+                                            "--epochs", "2", "--eval-uncompressed"])
     assert small["codecs"] == {"activation": LOWRANK, "gradient": LOWRANK + ",memory=feedback"}
     edges = small["per_rank"][1:]
     assert [len(r["epochs"]) for r in edges] == [2, 2]
     assert sum(r["epochs"][-1]["total"] for r in edges) == 20
+    assert sum(r["uncompressed_eval"]["total"] for r in edges) == 20
     per_edge_dense = dense["bytes_per_step"]
     assert all(r["bytes_per_step"] < per_edge_dense / 5 for r in edges), small
 
