@@ -180,6 +180,31 @@ KNOBS: tuple[Knob, ...] = (
          "cost, longest first to the rank that finishes it earliest, then moves and swaps "
          "off the busiest rank) or static (equal-count pieces of the sampled order).",
          where="dlcomm.fl.Simulation"),
+    Knob("split_activation_codec", "none", str,
+         "How split fine-tuning compresses the activation the edge sends the cloud: none, "
+         "fp16, lowrank:rank=R or lowrank:energy=E (per-batch low-rank factors), "
+         "topk:ratio=R; ',memory=delta' adds the per-sample correction (see docs/split.md).",
+         where="dlcomm.torch.split.SplitModel"),
+    Knob("split_gradient_codec", "none", str,
+         "How split fine-tuning compresses the activation's gradient the cloud sends back "
+         "(same codecs; ',memory=feedback' adds per-sample error feedback).",
+         where="dlcomm.torch.split.SplitModel"),
+    Knob("split_micro_batches", 1, _positive_int,
+         "Pieces each split fine-tuning batch is cut into, so the edge computes the next "
+         "piece while the previous one crosses the link and the cloud works on it.",
+         where="dlcomm.torch.split.SplitModel"),
+    Knob("split_labels", "cloud", str,
+         "Where split fine-tuning computes the loss: cloud (the edge sends the labels) or "
+         "edge (the cloud sends its output back and the labels never leave the edge).",
+         where="dlcomm.torch.split.SplitModel"),
+    Knob("split_links", "keep", str,
+         "What split fine-tuning does with connections other than the split point's output "
+         "that would cross the split (residuals): keep (send them too), reroute (move the "
+         "parameter-free operations that join them to the edge, exact) or eliminate (drop the "
+         "residual additions on the cloud side).", where="dlcomm.torch.split.SplitModel"),
+    Knob("split_cloud_rank", 0, lambda t: int(t),
+         "The rank that runs the cloud part of a split model; every other rank is an edge.",
+         where="dlcomm.torch.split.SplitModel"),
 )
 
 # Knobs read where they are used (compression, collectives), not by init().
@@ -201,6 +226,25 @@ class Config:
     backend: str
     log_level: str
     compression: str
+
+
+def knob_value(name: str, argument: Any = None) -> Any:
+    """The value of knob ``name`` read where it is used (not by ``init()``): ``argument``
+    unless None, else ``DLCOMM_<NAME>``, else the default; a bad value raises ValueError
+    naming where it came from."""
+    knob = KNOB_BY_NAME[name]
+    if argument is not None:
+        raw, source = argument, f"argument {name}="
+    elif knob.env in os.environ:
+        raw, source = os.environ[knob.env], f"environment variable {knob.env}"
+    else:
+        return knob.default
+    if not isinstance(raw, str) and isinstance(raw, type(knob.default)):
+        return raw
+    try:
+        return knob.parse(str(raw))
+    except ValueError as exc:
+        raise ValueError(f"bad value {raw!r} for {source}: {exc}") from None
 
 
 def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
