@@ -34,6 +34,10 @@ from dlcomm.tools.bench.ddp_peer import ddp_hook_name
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "torch_synthetic_benchmark.py"
 PEERS = ("ddp",)
+# dlcommrun's message when another job holds the machine's one emulated cluster: wait for it.
+EMULATION_BUSY = "another emulated cluster is running"
+EMULATION_BUSY_RETRIES = 40
+EMULATION_BUSY_WAIT_S = 8.0
 # How close dlcomm's final loss (mean over ranks) must be to DDP's: (relative, absolute).
 # Dense training computes the same sums up to rounding; fp16 rounds differently (DDP's hook
 # divides before the sum); PowerSGD's first steps differ (DDP runs two uncompressed steps
@@ -91,8 +95,12 @@ def run_config(framework: str, np_: int, compression: str, schedule: str,
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = job_command(framework, np_, compression, schedule, settings, str(out))
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ))
+        for _attempt in range(EMULATION_BUSY_RETRIES):
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  env=dict(os.environ))
+            if EMULATION_BUSY not in proc.stderr:
+                break
+            time.sleep(EMULATION_BUSY_WAIT_S)  # another job holds the emulated cluster
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
                                f"{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
