@@ -109,15 +109,26 @@ KNOBS: tuple[Knob, ...] = (
     Knob("build_native", True, parse_bool,
          "Build the native kernels during pip install (0 skips; numpy is used instead).",
          where="setup.py"),
-    Knob("allreduce_algorithm", "ordered", str,
-         "All-reduce algorithm of dlcomm.collectives: ordered (every element summed in rank "
-         "order, so all-reduce and reduce-scatter + all-gather give the same bits and every "
-         "schedule the same model; the engine's reduce-scatter follows it), mpi (MPI's own, "
-         "whose order depends on message size and position; 'native' is accepted too), ring, "
-         "rhd, tree, hierarchical (see docs/collectives.md). ring kept one slow link busy "
-         "where MPI's own left it idle a quarter of the time (docs/heterogeneity.md, DLCP "
-         "fifth round).",
+    Knob("allreduce_algorithm", "auto", str,
+         "All-reduce algorithm of dlcomm.collectives: auto (ordered or pipelined, chosen per "
+         "message size by a cost model measured at the first all-reduce; both reduce every "
+         "element in rank order, so all-reduce and reduce-scatter + all-gather give the same "
+         "bits and every schedule the same model; the engine's reduce-scatter follows it), "
+         "ordered (MPI's all-to-all, a rank-order reduction, MPI's all-gather), pipelined "
+         "(the same bits, segments sent, reduced and returned overlapped), fastest (auto's "
+         "choice among every algorithm, mpi/ring/rhd/hierarchical included: results then "
+         "depend on message size and fusion, equal to float tolerance only), mpi (MPI's own; "
+         "'native' is accepted too), ring, rhd, tree, hierarchical (see docs/collectives.md).",
          where="get_allreduce_algorithm"),
+    Knob("allreduce_segment_bytes", 1 << 20, parse_bytes,
+         "Largest message of the pipelined all-reduce (suffixes k, M allowed); raised where a "
+         "block would have more than 32 segments. The same on every rank.",
+         where="pipelined_allreduce"),
+    Knob("allreduce_model_cache", "", str,
+         "Directory where auto/fastest keep the cost model measured per topology (rank "
+         "count, each rank's host, the emulated network), so later jobs skip the measurement; "
+         "empty: ~/.cache/dlcomm/allreduce; 'off': measure in every job.",
+         where="AutoAllreduce"),
     Knob("hierarchical_leader_algorithm", "ring", str,
          "Algorithm among host leaders inside the hierarchical all-reduce.",
          where="HierarchicalAllreduce"),
