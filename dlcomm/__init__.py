@@ -5,8 +5,13 @@ live in ``dlcomm.torch``, ``dlcomm.tensorflow`` and ``dlcomm.mxnet``.
 from dlcomm.basics import (
     add_process_set,
     bytes_sent,
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
     init,
     is_homogeneous,
     is_initialized,
@@ -18,11 +23,18 @@ from dlcomm.basics import (
     nccl_built,
     rank,
     remove_process_set,
+    rocm_built,
     shutdown,
     size,
 )
 from dlcomm.engine.request import Handle
-from dlcomm.errors import DLCommError, MismatchError, ShutdownError, StallError
+from dlcomm.errors import (
+    DLCommError,
+    HorovodInternalError,
+    MismatchError,
+    ShutdownError,
+    StallError,
+)
 from dlcomm.functions import allgather_object, broadcast_object
 from dlcomm.mpi_ops import (
     allgather,
@@ -49,14 +61,14 @@ from dlcomm.training_timeline import timeline_range
 __version__ = "0.1.0"
 
 __all__ = [
-    "Adasum", "Average", "DLCommError", "Handle", "Max", "Min", "MismatchError", "ProcessSet",
-    "Product", "ReduceOp", "ShutdownError", "StallError", "Sum", "add_process_set",
-    "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_async",
-    "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_async",
-    "broadcast_object", "bytes_sent", "cross_rank", "cross_size", "global_process_set",
-    "grouped_allreduce", "grouped_allreduce_async", "init", "is_homogeneous",
-    "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
-    "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
-    "reducescatter_async", "remove_process_set", "shutdown", "size", "synchronize",
-    "timeline_range",
+    "Adasum", "Average", "DLCommError", "Handle", "HorovodInternalError", "Max", "Min",
+    "MismatchError", "ProcessSet", "Product", "ReduceOp", "ShutdownError", "StallError", "Sum",
+    "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
+    "allreduce_async", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_async",
+    "broadcast_object", "bytes_sent", "ccl_built", "cross_rank", "cross_size", "cuda_built",
+    "ddl_built", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allreduce",
+    "grouped_allreduce_async", "init", "is_homogeneous", "is_initialized", "join",
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "remove_process_set",
+    "rocm_built", "shutdown", "size", "synchronize", "timeline_range",
 ]

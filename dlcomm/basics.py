@@ -8,15 +8,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from dlcomm import runtime
-from dlcomm.comm.backend_select import nccl_available
+from dlcomm.comm.backend_select import nccl_available, nccl_version
 from dlcomm.config import load_config
 from dlcomm.engine.request import Kind, Request, Signature
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.runtime import is_initialized, state
 
-__all__ = ["add_process_set", "bytes_sent", "cross_rank", "cross_size", "init",
-           "is_homogeneous", "is_initialized", "local_rank", "local_size", "mpi_built",
-           "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "remove_process_set",
+__all__ = ["add_process_set", "bytes_sent", "ccl_built", "cross_rank", "cross_size",
+           "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "init", "is_homogeneous",
+           "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+           "mpi_threads_supported", "nccl_built", "rank", "remove_process_set", "rocm_built",
            "shutdown", "size", "state"]
 
 
@@ -107,17 +108,51 @@ def mpi_threads_supported() -> bool:
     return state().mpi_threads
 
 
+# --- what this build has (Horovod's *_built/*_enabled family; callable before init) -----
 def mpi_enabled() -> bool:
+    """True: MPI is dlcomm's controller and host data path (always, at run time)."""
     return True
 
 
 def mpi_built() -> bool:
+    """True: dlcomm always runs on MPI (mpi4py)."""
     return True
 
 
-def nccl_built() -> bool:
-    """True when CuPy's NCCL bindings import (the GPU data path)."""
+def gloo_enabled() -> bool:
+    """False: dlcomm has no Gloo controller (``dlcommrun`` starts jobs with ``mpirun``)."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: dlcomm is not built with Gloo."""
+    return False
+
+
+def nccl_built() -> int:
+    """NCCL's version code when CuPy's NCCL bindings import and a GPU is visible (the GPU data
+    path), else 0, as Horovod returns ``NCCL_VERSION_CODE`` or 0."""
+    return nccl_version()
+
+
+def cuda_built() -> bool:
+    """True when the CUDA data path (CuPy with NCCL on a visible GPU) is available."""
     return nccl_available()
+
+
+def rocm_built() -> bool:
+    """False: dlcomm has no ROCm data path."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: dlcomm has no IBM DDL backend."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False: dlcomm has no oneCCL backend."""
+    return False
 
 
 def bytes_sent() -> int:

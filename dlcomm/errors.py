@@ -16,3 +16,7 @@ class StallError(DLCommError):
 
 class ShutdownError(DLCommError):
     """dlcomm is not initialised, or was shut down while the request was pending."""
+
+
+# Horovod's name for a failed collective (``hvd.HorovodInternalError``): the same meaning.
+HorovodInternalError = DLCommError

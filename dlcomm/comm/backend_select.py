@@ -19,6 +19,19 @@ def nccl_available() -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1)
+def nccl_version() -> int:
+    """NCCL's version code (e.g. 22105) when the NCCL data path is available, else 0."""
+    if not nccl_available():
+        return 0
+    from cupy.cuda import nccl  # noqa: PLC0415 - optional dependency (GPU data path)
+
+    try:
+        return int(nccl.get_version())
+    except Exception:
+        return 0
+
+
 def is_device_array(array: Any) -> bool:
     """True for arrays living on a GPU (CuPy, or anything exposing __cuda_array_interface__)."""
     return hasattr(array, "__cuda_array_interface__")

@@ -9,6 +9,7 @@ import dataclasses
 import enum
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from dlcomm.errors import DLCommError
@@ -149,9 +150,44 @@ class Handle:
             raise self._error
         return self._result
 
+    def then(self, fn: Callable[[Any], Any]) -> Handle:
+        """A handle on ``fn(result)``: ``fn`` runs once, in the first thread that waits for it
+        after this request completed; the request's error passes through unchanged. The
+        adapters turn core arrays back into framework tensors this way."""
+        return _Then(self, fn)
+
     def __repr__(self) -> str:
-        state = "done" if self._done else "pending"
+        state = "done" if self.done() else "pending"
         return f"<dlcomm.Handle '{self.name}' {state}>"
+
+
+class _Then(Handle):
+    """``source.then(fn)``: done with ``source``; waiting applies ``fn`` to its result once."""
+
+    __slots__ = ("_fn", "_source")
+
+    def __init__(self, source: Handle, fn: Callable[[Any], Any]) -> None:
+        super().__init__(source.name)
+        self._lock.release()  # here the lock only serialises the one call of fn
+        self._source = source
+        self._fn = fn
+
+    def done(self) -> bool:
+        return self._source.done()
+
+    def set_result(self, result: Any) -> None:
+        raise TypeError("a handle made by then() completes with the handle it follows")
+
+    set_error = set_result
+
+    def wait(self, timeout: float | None = None) -> Any:
+        result = self._source.wait(timeout)
+        with self._lock:
+            if not self._done:
+                self._result = self._fn(result)
+                self._done = True
+                self._fn = None  # drop what the conversion captured (tensors, contexts)
+        return self._result
 
 
 @dataclasses.dataclass(eq=False)

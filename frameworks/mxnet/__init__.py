@@ -6,8 +6,13 @@ alias it needs (numpy 1.24-1.26) and explains the fix when MXNet cannot be impor
 from dlcomm.basics import (
     add_process_set,
     bytes_sent,
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
     init,
     is_homogeneous,
     is_initialized,
@@ -19,10 +24,17 @@ from dlcomm.basics import (
     nccl_built,
     rank,
     remove_process_set,
+    rocm_built,
     shutdown,
     size,
 )
-from dlcomm.errors import DLCommError, MismatchError, ShutdownError, StallError
+from dlcomm.errors import (
+    DLCommError,
+    HorovodInternalError,
+    MismatchError,
+    ShutdownError,
+    StallError,
+)
 from dlcomm.mxnet.compression import Compression, Compressor
 from dlcomm.mxnet.functions import allgather_object, broadcast_object, broadcast_parameters
 from dlcomm.mxnet.mpi_ops import (
@@ -52,13 +64,14 @@ from dlcomm.process_sets import ProcessSet, global_process_set
 
 __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DLCommError", "DistributedOptimizer",
-    "DistributedTrainer", "Handle", "Max", "Min", "MismatchError", "ProcessSet", "Product",
-    "ReduceOp", "ShutdownError", "StallError", "Sum", "add_process_set", "allgather",
-    "allgather_object", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_async_", "broadcast_object",
-    "broadcast_parameters", "bytes_sent", "cross_rank", "cross_size", "global_process_set",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async_", "init",
-    "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built",
-    "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
-    "remove_process_set", "shutdown", "size", "synchronize",
+    "DistributedTrainer", "Handle", "HorovodInternalError", "Max", "Min", "MismatchError",
+    "ProcessSet", "Product", "ReduceOp", "ShutdownError", "StallError", "Sum",
+    "add_process_set", "allgather", "allgather_object", "allreduce", "allreduce_",
+    "allreduce_async", "allreduce_async_", "alltoall", "barrier", "broadcast", "broadcast_",
+    "broadcast_async_", "broadcast_object", "broadcast_parameters", "bytes_sent", "ccl_built",
+    "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built",
+    "gloo_enabled", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async_",
+    "init", "is_homogeneous", "is_initialized", "join", "local_rank", "local_size",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank",
+    "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size", "synchronize",
 ]

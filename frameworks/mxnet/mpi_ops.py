@@ -3,45 +3,25 @@
 Each call waits for MXNet's pending work on its input, hands the core a numpy view of the
 NDArray's memory (``ndarray_bridge``), and returns when the collective is done. In-place
 variants (``allreduce_``, ``broadcast_``) reduce straight into the NDArray; the others return
-a new NDArray on the input's context (one copy). ``priority`` is accepted for Horovod
+a new NDArray on the input's context (one copy); an ``*_async`` call returns the core's
+``Handle`` with that conversion chained by ``then``. ``priority`` is accepted for Horovod
 compatibility: dlcomm's engine orders requests by negotiation, not by priority.
 """
 from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 import dlcomm
 from dlcomm import mpi_ops as core
-from dlcomm.engine.request import Handle as CoreHandle
+from dlcomm.mpi_ops import Handle, poll, synchronize  # noqa: F401 - one handle for all adapters
 from dlcomm.mxnet.compression import Compression, Compressor, core_compressor
 from dlcomm.mxnet.ndarray_bridge import check_ndarray, new_ndarray, numpy_view, write_back
 from dlcomm.ops import Average, ReduceOp
 from dlcomm.process_sets import ProcessSet, global_process_set
-
-
-class Handle:
-    """An asynchronous NDArray collective: ``poll``/``synchronize`` take these."""
-
-    __slots__ = ("_core", "_done", "_finish", "_result")
-
-    def __init__(self, core_handle: CoreHandle, finish: Callable[[Any], Any]) -> None:
-        self._core = core_handle
-        self._finish = finish
-        self._done = False
-        self._result: Any = None
-
-    def done(self) -> bool:
-        return self._core.done()
-
-    def wait(self) -> Any:
-        if not self._done:
-            self._result = self._finish(self._core.wait())
-            self._done = True
-        return self._result
 
 
 def _op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
@@ -77,7 +57,7 @@ def allreduce_async_(tensor: Any, average: bool | None = None, name: str | None 
     view = numpy_view(t)
     h = core.allreduce_async(view, name, _op(average, op), prescale_factor, postscale_factor,
                              process_set, output=view, compression=compression)
-    return Handle(h, lambda result: write_back(t, result))
+    return h.then(lambda result: write_back(t, result))
 
 
 def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None,
@@ -104,7 +84,7 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
     h = core.allreduce_async(numpy_view(compressed), name, _op(average, op), prescale_factor,
                              postscale_factor, process_set,
                              compression=core_compressor(compression))
-    return Handle(h, lambda result: compression.decompress(new_ndarray(result, compressed), ctx))
+    return h.then(lambda result: compression.decompress(new_ndarray(result, compressed), ctx))
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
@@ -128,7 +108,7 @@ def grouped_allreduce_async_(tensors: Sequence[Any], average: bool | None = None
     h = core.grouped_allreduce_async(views, name, _op(average, op), prescale_factor,
                                      postscale_factor, process_set, outputs=views,
                                      compression=compression)
-    return Handle(h, lambda results: [write_back(t, r) for t, r in zip(ts, results)])
+    return h.then(lambda results: [write_back(t, r) for t, r in zip(ts, results)])
 
 
 def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None,
@@ -170,7 +150,7 @@ def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None,
     _check_priority(priority)
     view = numpy_view(t)
     h = core.broadcast_async(view, root_rank, name, process_set, output=view)
-    return Handle(h, lambda result: write_back(t, result))
+    return h.then(lambda result: write_back(t, result))
 
 
 def broadcast_(tensor: Any, root_rank: int, name: str | None = None, priority: int = 0,
@@ -207,21 +187,6 @@ def reducescatter(tensor: Any, name: str | None = None, op: ReduceOp = Average,
     _check_priority(priority)
     return new_ndarray(core.reducescatter(numpy_view(t), name, op, process_set,
                                           prescale_factor, postscale_factor), t)
-
-
-def poll(handle: Handle) -> bool:
-    """True when the request behind ``handle`` has finished."""
-    if not isinstance(handle, Handle):
-        raise TypeError(f"poll takes a handle from an *_async call, got {type(handle).__name__}")
-    return handle.done()
-
-
-def synchronize(handle: Handle) -> Any:
-    """Wait for ``handle`` and return its result (raises the request's error)."""
-    if not isinstance(handle, Handle):
-        raise TypeError(f"synchronize takes a handle from an *_async call, got "
-                        f"{type(handle).__name__}")
-    return handle.wait()
 
 
 def join() -> int:

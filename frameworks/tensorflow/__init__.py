@@ -2,8 +2,13 @@
 hvd``), eager and inside ``tf.function``; Keras lives in ``dlcomm.tensorflow.keras``."""
 from dlcomm.basics import (
     add_process_set,
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
     init,
     is_homogeneous,
     is_initialized,
@@ -15,10 +20,17 @@ from dlcomm.basics import (
     nccl_built,
     rank,
     remove_process_set,
+    rocm_built,
     shutdown,
     size,
 )
-from dlcomm.errors import DLCommError, MismatchError, ShutdownError, StallError
+from dlcomm.errors import (
+    DLCommError,
+    HorovodInternalError,
+    MismatchError,
+    ShutdownError,
+    StallError,
+)
 from dlcomm.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.tensorflow.compression import Compression, Compressor
@@ -47,11 +59,13 @@ def __getattr__(name: str):  # Keras loads on first use: `hvd.DistributedOptimiz
 
 __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DLCommError", "DistributedGradientTape",
-    "DistributedOptimizer", "Max", "Min", "MismatchError", "ProcessSet", "Product",
-    "ReduceOp", "ShutdownError", "StallError", "Sum", "add_process_set", "allgather",
-    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
-    "broadcast_variables", "cross_rank", "cross_size", "global_process_set",
-    "grouped_allreduce", "init", "is_homogeneous", "is_initialized", "join", "local_rank",
-    "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank",
-    "reducescatter", "remove_process_set", "shutdown", "size",
+    "DistributedOptimizer", "HorovodInternalError", "Max", "Min", "MismatchError",
+    "ProcessSet", "Product", "ReduceOp", "ShutdownError", "StallError", "Sum",
+    "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier",
+    "broadcast", "broadcast_object", "broadcast_variables", "ccl_built", "cross_rank",
+    "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built",
+    "gloo_enabled", "grouped_allreduce", "init", "is_homogeneous", "is_initialized", "join",
+    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown",
+    "size",
 ]

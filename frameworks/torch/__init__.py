@@ -2,8 +2,13 @@
 from dlcomm.basics import (
     add_process_set,
     bytes_sent,
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
     init,
     is_homogeneous,
     is_initialized,
@@ -15,10 +20,17 @@ from dlcomm.basics import (
     nccl_built,
     rank,
     remove_process_set,
+    rocm_built,
     shutdown,
     size,
 )
-from dlcomm.errors import DLCommError, MismatchError, ShutdownError, StallError
+from dlcomm.errors import (
+    DLCommError,
+    HorovodInternalError,
+    MismatchError,
+    ShutdownError,
+    StallError,
+)
 from dlcomm.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.torch.compression import Compression, Compressor
@@ -60,16 +72,17 @@ from dlcomm.training_timeline import timeline_range
 
 __all__ = [
     "Adasum", "Average", "BalancedBatchSampler", "Compression", "Compressor", "DLCommError",
-    "DistributedOptimizer",
-    "Handle", "Max", "Min", "MismatchError", "ProcessSet", "Product", "ReduceOp",
-    "ShutdownError", "StallError", "Sum", "SyncBatchNorm", "add_process_set", "allgather",
-    "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
-    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
-    "broadcast_async", "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
-    "broadcast_parameters", "bytes_sent", "cross_rank", "cross_size", "global_process_set",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
-    "grouped_allreduce_async_", "init", "is_homogeneous", "is_initialized", "join",
-    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-    "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async",
-    "remove_process_set", "shutdown", "size", "synchronize", "timeline_range",
+    "DistributedOptimizer", "Handle", "HorovodInternalError", "Max", "Min", "MismatchError",
+    "ProcessSet", "Product", "ReduceOp", "ShutdownError", "StallError", "Sum", "SyncBatchNorm",
+    "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
+    "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
+    "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "bytes_sent",
+    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set",
+    "gloo_built", "gloo_enabled", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "init", "is_homogeneous",
+    "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
+    "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
+    "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
+    "synchronize", "timeline_range",
 ]

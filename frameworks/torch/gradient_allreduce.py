@@ -2,11 +2,11 @@
 that completes it: shared by the wait-free optimizer and the other schedules."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from dlcomm.mpi_ops import Handle
 from dlcomm.torch import mpi_ops
 
 
@@ -28,10 +28,10 @@ def momentum_after_allreduce(optimizer: torch.optim.Optimizer) -> float:
 def start_gradient_allreduce(grads: list[torch.Tensor], name: str, *, compression: Any,
                              core_compressor: Any, op: Any, prescale_factor: float,
                              postscale_factor: float, process_set: Any,
-                             momentum: float = 0.0) -> Callable[[], None]:
+                             momentum: float = 0.0) -> Handle:
     """Compress ``grads`` (a cast such as fp16 happens here; a core compressor inside the
-    engine), start one all-reduce request (grouped when there are several) and return
-    ``finish()``, which waits and writes cast results back into the gradients in place.
+    engine), start one all-reduce request (grouped when there are several) and return its
+    handle; waiting for it writes cast results back into the gradients in place.
     ``momentum`` (``momentum_after_allreduce`` of the optimizer) goes to the core compressor
     before it compresses: error feedback then corrects for the optimizer's momentum."""
     if core_compressor is not None:
@@ -45,10 +45,9 @@ def start_gradient_allreduce(grads: list[torch.Tensor], name: str, *, compressio
     else:
         handle = mpi_ops.grouped_allreduce_async_(list(packed), **kwargs)
 
-    def finish() -> None:
-        handle.wait()
+    def write_back(_: Any) -> None:
         for g, c, ctx in zip(grads, packed, ctxs):
             if c is not g:  # a cast (fp16): bring the result back into the gradient
                 g.copy_(compression.decompress(c, ctx))
 
-    return finish
+    return handle.then(write_back)

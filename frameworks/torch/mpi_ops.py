@@ -2,43 +2,23 @@
 
 CPU tensors reach the core as numpy views of the same memory (no copy); in-place variants
 (``allreduce_``, ``broadcast_``) reduce straight into the tensor. bfloat16, which numpy
-lacks, travels as float32 (a copy).
+lacks, travels as float32 (a copy). An ``*_async`` call returns the core's ``Handle`` with
+the conversion back to a tensor chained by ``then``, so ``poll``/``synchronize`` are the core's.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 import dlcomm
 from dlcomm import mpi_ops as core
-from dlcomm.engine.request import Handle as CoreHandle
+from dlcomm.mpi_ops import Handle, poll, synchronize  # noqa: F401 - one handle for all adapters
 from dlcomm.ops import Average, ReduceOp
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.torch.compression import Compression, Compressor
-
-
-class Handle:
-    """An asynchronous torch collective: ``poll``/``synchronize`` take these."""
-
-    __slots__ = ("_core", "_finish", "_result", "_done")
-
-    def __init__(self, core_handle: CoreHandle, finish: Callable[[Any], Any]) -> None:
-        self._core = core_handle
-        self._finish = finish
-        self._done = False
-        self._result: Any = None
-
-    def done(self) -> bool:
-        return self._core.done()
-
-    def wait(self) -> Any:
-        if not self._done:
-            self._result = self._finish(self._core.wait())
-            self._done = True
-        return self._result
 
 
 def _check_tensor(tensor: Any, what: str = "tensor") -> torch.Tensor:
@@ -98,7 +78,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     arr = to_numpy(t)
     h = core.allreduce_async(arr, name, _op(average, op), prescale_factor, postscale_factor,
                              process_set, output=arr, compression=compression)
-    return Handle(h, lambda result: _writeback(t, result))
+    return h.then(lambda result: _writeback(t, result))
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -122,7 +102,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     arr = to_numpy(compressed)
     h = core.allreduce_async(arr, name, _op(average, op), prescale_factor, postscale_factor,
                              process_set, compression=core_compressor)
-    return Handle(h, lambda result: compression.decompress(_as_tensor(result, compressed), ctx))
+    return h.then(lambda result: compression.decompress(_as_tensor(result, compressed), ctx))
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -146,7 +126,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     h = core.grouped_allreduce_async(arrays, name, _op(average, op), prescale_factor,
                                      postscale_factor, process_set, outputs=arrays,
                                      compression=compression)
-    return Handle(h, lambda results: [_writeback(t, r) for t, r in zip(ts, results)])
+    return h.then(lambda results: [_writeback(t, r) for t, r in zip(ts, results)])
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -168,7 +148,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
     arrays = [to_numpy(t) for t in ts]
     h = core.grouped_allreduce_async(arrays, name, _op(average, op), prescale_factor,
                                      postscale_factor, process_set)
-    return Handle(h, lambda results: [_as_tensor(r, t) for t, r in zip(ts, results)])
+    return h.then(lambda results: [_as_tensor(r, t) for t, r in zip(ts, results)])
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -185,7 +165,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     t = _check_tensor(tensor)
     h = core.allgather_async(to_numpy(t), name, process_set)
-    return Handle(h, lambda result: _as_tensor(result, t))
+    return h.then(lambda result: _as_tensor(result, t))
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
@@ -200,7 +180,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     t = _check_tensor(tensor)
     arr = to_numpy(t)
     h = core.broadcast_async(arr, root_rank, name, process_set, output=arr)
-    return Handle(h, lambda result: _writeback(t, result))
+    return h.then(lambda result: _writeback(t, result))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -213,7 +193,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
                     process_set: ProcessSet = global_process_set) -> Handle:
     t = _check_tensor(tensor)
     h = core.broadcast_async(to_numpy(t), root_rank, name, process_set)
-    return Handle(h, lambda result: _as_tensor(result, t))
+    return h.then(lambda result: _as_tensor(result, t))
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -234,7 +214,7 @@ def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | 
         out, received = result
         return _as_tensor(out, t), torch.tensor(received, dtype=torch.int32)
 
-    return Handle(h, finish)
+    return h.then(finish)
 
 
 def alltoall(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None = None,
@@ -250,7 +230,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
     t = _check_tensor(tensor)
     h = core.reducescatter_async(to_numpy(t), name, op, process_set, prescale_factor,
                                  postscale_factor)
-    return Handle(h, lambda result: _as_tensor(result, t))
+    return h.then(lambda result: _as_tensor(result, t))
 
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
@@ -259,21 +239,6 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = 
     """Reduce over ranks; rank i keeps the i-th part of dimension 0."""
     return reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                postscale_factor).wait()
-
-
-def poll(handle: Handle) -> bool:
-    """True when the request behind ``handle`` has finished."""
-    if not isinstance(handle, Handle):
-        raise TypeError(f"poll takes a handle from an *_async call, got {type(handle).__name__}")
-    return handle.done()
-
-
-def synchronize(handle: Handle) -> Any:
-    """Wait for ``handle`` and return its result (raises the request's error)."""
-    if not isinstance(handle, Handle):
-        raise TypeError(f"synchronize takes a handle from an *_async call, got "
-                        f"{type(handle).__name__}")
-    return handle.wait()
 
 
 def join(device: int = -1) -> int:

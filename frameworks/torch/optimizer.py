@@ -1,9 +1,9 @@
 """``DistributedOptimizer``: wrap a torch optimizer so gradients are averaged over ranks.
 
-It validates the arguments once and builds the optimizer of the chosen schedule
-(``schedules``: ``wfbp`` by default, ``mgwfbp``, ``dear``, ``none``) or heterogeneity mode
-(``heterogeneity``: DS-Sync, LB-BSP, DLCP). Semantics follow
-``horovod.torch.DistributedOptimizer``.
+It validates the arguments once and builds, through the one builder
+(``schedules.base.build``), the optimizer of the chosen schedule (``schedules``: ``wfbp`` by
+default, ``mgwfbp``, ``dear``, ``none``) or heterogeneity mode (``heterogeneity``: DS-Sync,
+LB-BSP, DLCP). Semantics follow ``horovod.torch.DistributedOptimizer``.
 """
 from __future__ import annotations
 
@@ -12,13 +12,11 @@ from typing import Any
 
 import torch
 
-from dlcomm.autotune import autotuner_from_env
 from dlcomm.ops import Average, ReduceOp, as_reduce_op
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.torch.compression import NoneCompressor, resolve
 from dlcomm.torch.heterogeneity import make_sync_optimizer, resolve_loss_tolerance, resolve_sync
 from dlcomm.torch.schedules import make_scheduled_optimizer, resolve_schedule
-from dlcomm.torch.schedules.wfbp import _DistributedOptimizer
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
@@ -64,35 +62,18 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise ValueError("compression is not supported for sparse parameters")
     sync_mode, sync_options = resolve_sync(sync)
     tolerance = resolve_loss_tolerance(loss_tolerance)  # None: DLCOMM_LOSS_TOLERANCE
+    options = dict(named_parameters=named_parameters, compression=compression,
+                   backward_passes_per_step=backward_passes_per_step, op=op,
+                   gradient_predivide_factor=gradient_predivide_factor, groups=group_list,
+                   sparse_as_dense=sparse_as_dense, process_set=process_set)
     if sync_mode != "bsp" or tolerance > 0:
         if schedule != "wfbp" and not (sync_mode == "lbbsp" and schedule == "none"):
             raise ValueError(f"sync={sync_mode!r}/loss_tolerance replace the all-reduce "
                              f"schedule; drop schedule={schedule!r} (LB-BSP also takes "
                              f"schedule='none')")
-        return make_sync_optimizer(
-            sync_mode, sync_options, tolerance, optimizer, named_parameters,
-            default=lambda: DistributedOptimizer(
-                optimizer, named_parameters, compression, backward_passes_per_step, op,
-                gradient_predivide_factor, 0, group_list, sparse_as_dense, process_set,
-                schedule, "bsp", 0.0),
-            compression=compression, backward_passes_per_step=backward_passes_per_step,
-            op=op, gradient_predivide_factor=gradient_predivide_factor, groups=group_list,
-            sparse_as_dense=sparse_as_dense, process_set=process_set, schedule=schedule)
-    if schedule != "wfbp":
-        return make_scheduled_optimizer(
-            schedule, optimizer, named_parameters, compression=compression,
-            backward_passes_per_step=backward_passes_per_step, op=op,
-            gradient_predivide_factor=gradient_predivide_factor, groups=group_list,
-            sparse_as_dense=sparse_as_dense, process_set=process_set)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
-    wrapped = cls(optimizer.param_groups, named_parameters, compression,
-                  backward_passes_per_step, op, gradient_predivide_factor, group_list,
-                  sparse_as_dense, process_set)
-    tuner = autotuner_from_env()  # DLCOMM_AUTOTUNE=1; safe here: step() waits for every handle
-    if tuner is not None:
-        wrapped.register_step_post_hook(lambda *_: tuner.step_finished())
-    return wrapped
+        return make_sync_optimizer(sync_mode, sync_options, tolerance, optimizer, schedule,
+                                   **options)
+    return make_scheduled_optimizer(schedule, optimizer, **options)
 
 
 def _make_groups(num_groups: int, groups: Any, params: list[torch.Tensor]

@@ -315,7 +315,7 @@ def test_user_script_switched_to_dssync_by_the_environment_ends_with_one_model(
     from pathlib import Path
 
     pytest.importorskip("sklearn")
-    script = (Path(__file__).resolve().parents[1] / "examples" / "torch_digits.py").read_text()
+    script = (Path(__file__).resolve().parents[2] / "examples" / "torch_digits.py").read_text()
     results = {}
     for sync in ("bsp", "dssync:group_size=2"):
         out = tmp_path / f"{sync.split(':')[0]}.json"

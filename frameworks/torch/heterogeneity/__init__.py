@@ -10,8 +10,10 @@ congested clusters (see docs/heterogeneity.md):
   optimizer.balancer)`` (``lbbsp.py``);
 * ``loss_tolerance=p`` (> 0): DLCP bounded-loss exchange of gradients (``dlcp.py``).
 
-``DistributedOptimizer(..., sync=None)`` follows ``DLCOMM_SYNC``; ``loss_tolerance=None``
-follows ``DLCOMM_LOSS_TOLERANCE``.
+Each mode is a mixin made by the schedules' builder (``schedules.base.build``): DS-Sync and
+DLCP alone (they replace the gradient all-reduce), LB-BSP in front of the ``wfbp`` or ``none``
+schedule. ``DistributedOptimizer(..., sync=None)`` follows ``DLCOMM_SYNC``;
+``loss_tolerance=None`` follows ``DLCOMM_LOSS_TOLERANCE``.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from dlcomm.basics import size
 from dlcomm.torch.heterogeneity.dlcp import make_dlcp_optimizer
 from dlcomm.torch.heterogeneity.dssync import make_dssync_optimizer
 from dlcomm.torch.heterogeneity.lbbsp import BalancedBatchSampler, make_lbbsp_optimizer
-from dlcomm.torch.heterogeneity.mixin import build_mixin
+from dlcomm.torch.schedules.base import build
+from dlcomm.torch.schedules.wfbp import WFBPSchedule
 
 SYNC_MODES = ("bsp", "dssync", "lbbsp")
 _OPTIONS = {
@@ -89,14 +92,22 @@ def resolve_loss_tolerance(loss_tolerance: float | None,
     return float(loss_tolerance)
 
 
+class EveryRankDSSync:
+    """DS-Sync whose group holds every rank is BSP (the default schedule); the parameters are
+    identical on every rank, so ``synchronize_globally()`` has nothing to do."""
+
+    def synchronize_globally(self) -> None:
+        """Nothing to do: every step averaged over all ranks."""
+
+
 def make_sync_optimizer(mode: str, options: dict[str, Any], loss_tolerance: float,
-                        optimizer: torch.optim.Optimizer, named_parameters: Any,
-                        default: Any, **kwargs: Any) -> torch.optim.Optimizer:
+                        optimizer: torch.optim.Optimizer, schedule: str,
+                        **schedule_options: Any) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for ``mode`` (not ``bsp``) or for ``loss_tolerance > 0``.
 
-    ``default()`` builds the plain (BSP) optimizer, used where a mode reduces to BSP
-    (DS-Sync with ``group_size >= size()``). ``kwargs`` are DistributedOptimizer's validated
-    arguments and its ``schedule`` (LB-BSP takes ``wfbp`` or ``none``).
+    ``schedule`` is DistributedOptimizer's schedule (LB-BSP takes ``wfbp`` or ``none``; DS-Sync
+    with ``group_size >= size()`` is BSP with it); ``schedule_options`` are its validated
+    arguments (``named_parameters``, ``compression``, ...).
     """
     if mode != "bsp" and loss_tolerance > 0:
         raise ValueError(f"loss_tolerance applies to sync='bsp'; got sync={mode!r} too")
@@ -104,14 +115,12 @@ def make_sync_optimizer(mode: str, options: dict[str, Any], loss_tolerance: floa
         return make_dlcp_optimizer(optimizer, loss_tolerance)
     if mode == "dssync":
         if options["group_size"] >= size():
-            opt = default()
-            opt.synchronize_globally = lambda: None  # parameters are already identical
-            return opt
+            return build((EveryRankDSSync, WFBPSchedule), optimizer, **schedule_options)
         return make_dssync_optimizer(optimizer, **options)
     if mode == "lbbsp":
-        return make_lbbsp_optimizer(optimizer, named_parameters, options, **kwargs)
+        return make_lbbsp_optimizer(optimizer, options, schedule=schedule, **schedule_options)
     raise ValueError(f"unknown sync mode {mode!r}")
 
 
-__all__ = ["SYNC_MODES", "BalancedBatchSampler", "build_mixin", "make_sync_optimizer",
-           "parse_sync", "resolve_loss_tolerance", "resolve_sync"]
+__all__ = ["SYNC_MODES", "BalancedBatchSampler", "make_sync_optimizer", "parse_sync",
+           "resolve_loss_tolerance", "resolve_sync"]

@@ -13,15 +13,15 @@ import numpy as np
 import torch
 
 from dlcomm.heterogeneity.dlcp import BoundedLossExchange, ExchangeStats
-from dlcomm.torch.heterogeneity.mixin import build_mixin
+from dlcomm.torch.schedules.base import build
 
 
 class BoundedLossOptimizer:
-    """Mixin placed in front of the user's optimizer class (see ``build_mixin``)."""
+    """Mixin placed in front of the user's optimizer class (see ``schedules.base.build``)."""
 
     _optimizer_class: type
 
-    def _setup_dlcp(self, loss_tolerance: float) -> None:
+    def _setup(self, *, loss_tolerance: float) -> None:
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         for p in self._params:
             if p.device.type != "cpu":
@@ -67,6 +67,4 @@ class BoundedLossOptimizer:
 def make_dlcp_optimizer(optimizer: torch.optim.Optimizer,
                         loss_tolerance: float) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for bounded-loss gradient exchange (collective construction)."""
-    obj = build_mixin(BoundedLossOptimizer, optimizer)
-    obj._setup_dlcp(loss_tolerance)
-    return obj
+    return build(BoundedLossOptimizer, optimizer, loss_tolerance=loss_tolerance)

@@ -31,8 +31,8 @@ import torch
 
 from dlcomm.heterogeneity.dssync import GroupCycle, average_in_group
 from dlcomm.heterogeneity.global_sync import GlobalSyncPoints
-from dlcomm.torch.heterogeneity.mixin import build_mixin
 from dlcomm.torch.mpi_ops import _writeback, to_numpy
+from dlcomm.torch.schedules.base import build
 
 # Every DS-Sync optimizer built in this process, in construction order (the same on every
 # rank: construction is collective). Held strongly so that at exit every rank sees the same
@@ -41,11 +41,11 @@ _BUILT: list[DSSyncOptimizer] = []
 
 
 class DSSyncOptimizer:
-    """Mixin placed in front of the user's optimizer class (see ``build_mixin``)."""
+    """Mixin placed in front of the user's optimizer class (see ``schedules.base.build``)."""
 
     _optimizer_class: type
 
-    def _setup_dssync(self, group_size: int, seed: int, cycle: int) -> None:
+    def _setup(self, *, group_size: int, seed: int, cycle: int) -> None:
         self._cycle = GroupCycle(group_size, seed, cycle)
         self._params = [p for g in self.param_groups for p in g["params"]]
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -159,8 +159,7 @@ def _exit_synchronisation() -> None:
 def make_dssync_optimizer(optimizer: torch.optim.Optimizer, group_size: int, seed: int = 0,
                           cycle: int = 8) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for DS-Sync (collective: splits the cycle's group communicators)."""
-    obj = build_mixin(DSSyncOptimizer, optimizer)
-    obj._setup_dssync(group_size, seed, cycle)
+    obj = build(DSSyncOptimizer, optimizer, group_size=group_size, seed=seed, cycle=cycle)
     if not _BUILT:
         atexit.register(_exit_synchronisation)
     _BUILT.append(obj)

@@ -20,29 +20,61 @@ import torch
 
 from dlcomm.basics import rank, size
 from dlcomm.heterogeneity.lbbsp import BatchBalancer
+from dlcomm.mpi_ops import Handle
 from dlcomm.ops import Sum
 from dlcomm.process_sets import global_process_set
 from dlcomm.torch.schedules.base import build
 from dlcomm.torch.schedules.baseline import NoOverlapSchedule
-from dlcomm.torch.schedules.wfbp import _DistributedOptimizer, _parameter_names
+from dlcomm.torch.schedules.wfbp import WFBPSchedule
 
 
-def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any,
-                         options: dict[str, Any], *, compression: Any,
-                         backward_passes_per_step: int, op: Any,
-                         gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
-                         process_set: Any, schedule: str = "wfbp") -> torch.optim.Optimizer:
-    """The default (``wfbp``) or the ``none`` schedule's optimizer with LB-BSP's weighting
-    and batch re-sizing.
+class LoadBalancedSchedule:
+    """Mixin placed in front of a schedule (``wfbp`` or ``none``): gradients weighted by
+    ``b_i / B`` before their sum, the compute time of each iteration measured, the batches
+    re-sized after each step."""
+
+    def _setup(self, *, balancer: BatchBalancer, **schedule_options: Any) -> None:
+        self.balancer = balancer
+        self.compute_seconds: list[float] = []
+        super()._setup(**schedule_options)
+        self._lb_mark = time.perf_counter()
+
+    def _submit_allreduce(self, params: list[torch.Tensor], name: str) -> Handle:
+        """Scale the gradients by ``b_i / B`` and all-reduce them with op Sum: the sum is the
+        full-batch gradient. (The engine requires the same prescale on every rank, so the
+        rank-specific weight is applied to the gradient before submission.)"""
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(self.balancer.weight)
+        return super()._submit_allreduce(params, name)
+
+    def step(self, closure: Any = None) -> Any:
+        """Measure this rank's compute time, synchronise and step, re-size the batches."""
+        compute = max(time.perf_counter() - self._lb_mark, 1e-6)
+        self.compute_seconds.append(compute)
+        result = super().step(closure)
+        if len(self.compute_seconds) > 1:  # the first "iteration" also timed the job's set-up
+            self.balancer.update(self.balancer.local_batch, compute)
+        self._lb_mark = time.perf_counter()
+        return result
+
+
+def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, options: dict[str, Any], *,
+                         schedule: str = "wfbp", **schedule_options: Any
+                         ) -> torch.optim.Optimizer:
+    """The ``wfbp`` (default) or ``none`` schedule's optimizer with LB-BSP's weighting and
+    batch re-sizing; ``schedule_options`` are DistributedOptimizer's validated arguments.
 
     ``optimizer.balancer`` is the ``BatchBalancer``; hand it to ``BalancedBatchSampler``.
     """
-    if process_set is not global_process_set:
+    if schedule_options["process_set"] is not global_process_set:
         raise ValueError("sync='lbbsp' balances over all ranks; process_set must be global")
-    if gradient_predivide_factor != 1.0:
+    if schedule_options["gradient_predivide_factor"] != 1.0:
         raise ValueError("sync='lbbsp' weights gradients by b_i/B; gradient_predivide_factor "
                          "must be 1")
-    if schedule not in ("wfbp", "none"):
+    schedules = {"wfbp": WFBPSchedule, "none": NoOverlapSchedule}
+    if schedule not in schedules:
         raise ValueError(f"sync='lbbsp' runs with schedule 'wfbp' (default) or 'none'; got "
                          f"{schedule!r}")
     balancer = BatchBalancer(options["global_batch"], size(), rank(),
@@ -51,70 +83,8 @@ def make_lbbsp_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                              predictor=options.get("predictor", "ema"),
                              interval=options.get("interval", 8))
     balancer.check_same_on_all_ranks()
-    if schedule == "none":
-        wrapped = build(_weighted_no_overlap(), optimizer,
-                        names=_parameter_names(named_parameters, optimizer.param_groups),
-                        compression=compression,
-                        backward_passes_per_step=backward_passes_per_step, op=Sum,
-                        gradient_predivide_factor=1.0, groups=groups,
-                        sparse_as_dense=sparse_as_dense, process_set=global_process_set)
-    else:
-        namespace = dict(_DistributedOptimizer.__dict__)
-        namespace.update(_submit=_weighted_submit, step=_balanced_wfbp_step)
-        cls = type(optimizer.__class__.__name__, (optimizer.__class__,), namespace)
-        wrapped = cls(optimizer.param_groups, named_parameters, compression,
-                      backward_passes_per_step, Sum, 1.0, groups, sparse_as_dense,
-                      global_process_set)
-    wrapped.balancer = balancer
-    wrapped._lb_mark = time.perf_counter()
-    wrapped.compute_seconds = []
-    return wrapped
-
-
-def _scale_gradients(params: list[torch.Tensor], weight: float) -> None:
-    with torch.no_grad():
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(weight)
-
-
-def _weighted_submit(self: Any, params: list[torch.Tensor], name: str) -> Any:
-    """Scale the gradients by ``b_i / B`` and all-reduce them with op Sum: the sum is the
-    full-batch gradient. (The engine requires the same prescale on every rank, so the
-    rank-specific weight is applied to the gradient before submission.)"""
-    _scale_gradients(params, self.balancer.weight)
-    return _DistributedOptimizer._submit(self, params, name)
-
-
-def _balanced_step(self: Any, closure: Any, base_step: Any) -> Any:
-    """Measure this rank's compute time, synchronise and step (``base_step``), then re-size
-    the batches."""
-    compute = max(time.perf_counter() - self._lb_mark, 1e-6)
-    self.compute_seconds.append(compute)
-    result = base_step(self, closure)
-    if len(self.compute_seconds) > 1:  # the first "iteration" also timed the job's set-up
-        self.balancer.update(self.balancer.local_batch, compute)
-    self._lb_mark = time.perf_counter()
-    return result
-
-
-def _balanced_wfbp_step(self: Any, closure: Any = None) -> Any:
-    """Measure this rank's compute time, wait for the gradients, step, re-size the batches."""
-    return _balanced_step(self, closure, _DistributedOptimizer.step)
-
-
-def _weighted_no_overlap() -> type:
-    class WeightedNoOverlap(NoOverlapSchedule):
-        """The ``none`` schedule with gradients scaled by ``b_i / B`` before the sum."""
-
-        def _submit_allreduce(self, params: list[torch.Tensor], name: str) -> Any:
-            _scale_gradients(params, self.balancer.weight)
-            return NoOverlapSchedule._submit_allreduce(self, params, name)
-
-        def step(self, closure: Any = None) -> Any:
-            return _balanced_step(self, closure, NoOverlapSchedule.step)
-
-    return WeightedNoOverlap
+    return build((LoadBalancedSchedule, schedules[schedule]), optimizer, balancer=balancer,
+                 **dict(schedule_options, op=Sum))
 
 
 class BalancedBatchSampler:

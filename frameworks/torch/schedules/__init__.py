@@ -8,7 +8,8 @@
   next forward (``dear.py``);
 * ``none``: one grouped all-reduce after backward, no overlap: the baseline (``baseline.py``).
 
-``DistributedOptimizer(..., schedule=None)`` follows ``DLCOMM_SCHEDULE``.
+Each is a ``ScheduleBase`` subclass (``mgwfbp`` extends ``wfbp``) made by the one builder
+``base.build``. ``DistributedOptimizer(..., schedule=None)`` follows ``DLCOMM_SCHEDULE``.
 """
 from __future__ import annotations
 
@@ -18,13 +19,16 @@ from typing import Any
 
 import torch
 
-from dlcomm.torch.schedules.base import build
+from dlcomm.torch.schedules.base import ScheduleBase, build
 from dlcomm.torch.schedules.baseline import NoOverlapSchedule
 from dlcomm.torch.schedules.dear import DeARSchedule
 from dlcomm.torch.schedules.mgwfbp import MGWFBPSchedule
-from dlcomm.torch.schedules.wfbp import _parameter_names
+from dlcomm.torch.schedules.wfbp import WFBPSchedule
 
-SCHEDULES = ("wfbp", "mgwfbp", "dear", "none")
+SCHEDULE_CLASSES: dict[str, type[ScheduleBase]] = {
+    "wfbp": WFBPSchedule, "mgwfbp": MGWFBPSchedule, "dear": DeARSchedule,
+    "none": NoOverlapSchedule}
+SCHEDULES = tuple(SCHEDULE_CLASSES)
 DEFAULT_SCHEDULE = "wfbp"
 
 
@@ -51,18 +55,17 @@ def resolve_schedule(schedule: str | None, environ: Mapping[str, str] | None = N
 
 def make_scheduled_optimizer(schedule: str, optimizer: torch.optim.Optimizer,
                              named_parameters: Any, **kwargs: Any) -> torch.optim.Optimizer:
-    """Wrap ``optimizer`` with the ``mgwfbp``, ``dear`` or ``none`` schedule.
+    """Wrap ``optimizer`` with the schedule named ``schedule`` (one of ``SCHEDULES``).
 
     ``kwargs`` are the validated arguments of ``DistributedOptimizer``: ``compression``
     (resolved), ``backward_passes_per_step``, ``op``, ``gradient_predivide_factor``,
     ``groups`` (lists of parameters or None), ``sparse_as_dense``, ``process_set``.
     """
-    mixins = {"mgwfbp": MGWFBPSchedule, "dear": DeARSchedule, "none": NoOverlapSchedule}
-    if schedule not in mixins:
-        raise ValueError(f"make_scheduled_optimizer builds {', '.join(mixins)}; got "
-                         f"{schedule!r} (wfbp is DistributedOptimizer's own path)")
-    names = _parameter_names(named_parameters, optimizer.param_groups)
-    return build(mixins[schedule], optimizer, names=names, **kwargs)
+    if schedule not in SCHEDULE_CLASSES:
+        raise ValueError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+    return build(SCHEDULE_CLASSES[schedule], optimizer, named_parameters=named_parameters,
+                 **kwargs)
 
 
-__all__ = ["DEFAULT_SCHEDULE", "SCHEDULES", "make_scheduled_optimizer", "resolve_schedule"]
+__all__ = ["DEFAULT_SCHEDULE", "SCHEDULES", "SCHEDULE_CLASSES", "make_scheduled_optimizer",
+           "resolve_schedule"]

@@ -1,21 +1,23 @@
-"""What every non-default schedule shares: parameter names, gradient scaling, gradient-ready
-counting over ``backward_passes_per_step``, the grouped all-reduce submission, and the
-construction of the optimizer subclass that a schedule mixes into the user's optimizer.
+"""How every optimizer of ``DistributedOptimizer`` is made, and what the schedules share.
 
-A schedule is a mixin class placed in front of the wrapped optimizer's class (``class
-X(Schedule, torch.optim.SGD)``), so ``isinstance(opt, torch.optim.SGD)`` still holds and
-the optimizer's own ``step`` is reachable as ``self._base_step()``.
+``build`` is the one builder: it places mixin classes in front of the wrapped optimizer's
+class (``class X(WFBPSchedule, torch.optim.SGD)``), so ``isinstance(opt, torch.optim.SGD)``
+still holds, initialises the result on the optimizer's parameter groups, defaults and state,
+and hands the options to the mixins' ``_setup``. The schedules (``wfbp``, ``mgwfbp``,
+``dear``, ``none``) derive from ``ScheduleBase``; the heterogeneity modes are mixins built the
+same way, alone (DS-Sync, DLCP) or in front of a schedule (LB-BSP).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
-import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from dlcomm.autotune import autotuner_from_env
+from dlcomm.mpi_ops import Handle
 from dlcomm.ops import Average, ReduceOp
 from dlcomm.process_sets import ProcessSet
 from dlcomm.torch.compression import CoreCompressor
@@ -24,29 +26,63 @@ from dlcomm.torch.gradient_allreduce import momentum_after_allreduce, start_grad
 _instances = itertools.count()  # optimizers are built in the same order on every rank
 
 
-class GroupHandle:
-    """One submitted group of gradients: call ``finish()`` to wait and write them back."""
+def build(mixins: type | tuple[type, ...], optimizer: torch.optim.Optimizer,
+          **options: Any) -> torch.optim.Optimizer:
+    """An optimizer of class ``mixins`` + ``optimizer``'s class on the same parameter groups,
+    defaults and state; ``options`` go to the mixins' ``_setup``."""
+    base = optimizer.__class__
+    bases = mixins if isinstance(mixins, tuple) else (mixins,)
+    cls = type(base.__name__, (*bases, base), {"_optimizer_class": base})
+    obj = cls.__new__(cls)
+    base.__init__(obj, optimizer.param_groups)
+    obj.defaults = dict(optimizer.defaults)
+    obj.state.update(optimizer.state)
+    obj._setup(**options)
+    return obj
 
-    __slots__ = ("finish", "submitted_at")
 
-    def __init__(self, finish: Callable[[], None]) -> None:
-        self.finish = finish
-        self.submitted_at = time.perf_counter()
+def parameter_names(named_parameters: Any, param_groups: list[dict]) -> dict[torch.Tensor, str]:
+    """Map each optimizer parameter to a name; validate the user's names."""
+    all_params = [p for g in param_groups for p in g["params"]]
+    if named_parameters is None:
+        return {p: f"noname.{gi}.{pi}" for gi, g in enumerate(param_groups)
+                for pi, p in enumerate(g["params"])}
+    named = list(named_parameters)
+    if any(not isinstance(t, tuple) or len(t) != 2 or not isinstance(t[0], str) for t in named):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                         "usually model.named_parameters()")
+    names = [n for n, _ in named]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"parameter names in named_parameters must be unique; duplicated: "
+                         f"{duplicates}")
+    by_param = {p: n for n, p in named}
+    unnamed = [p for p in all_params if p not in by_param]
+    if unnamed:
+        shapes = [tuple(p.shape) for p in unnamed]
+        raise ValueError(f"named_parameters was given, but {len(unnamed)} of the optimizer's "
+                         f"parameters are missing from it (shapes {shapes}); pass "
+                         "model.named_parameters() of the model the optimizer trains")
+    return {p: by_param[p] for p in all_params}
 
 
 class ScheduleBase:
-    """State and helpers shared by the schedules; never used on its own."""
+    """State and optimizer API shared by the schedules; never used on its own.
+
+    A schedule defines ``_start`` (its own state and hooks) and ``synchronize``; ``step``
+    synchronizes (unless inside ``skip_synchronize()``), steps the wrapped optimizer and
+    feeds the autotuner.
+    """
 
     schedule_name = "base"
+    _optimizer_class: type
 
-    def _setup(self, optimizer: torch.optim.Optimizer, names: dict[torch.Tensor, str],
-               compression: Any, backward_passes_per_step: int, op: ReduceOp,
-               gradient_predivide_factor: float, groups: list[list[torch.Tensor]] | None,
-               sparse_as_dense: bool, process_set: ProcessSet) -> None:
+    def _setup(self, *, named_parameters: Any, compression: Any, backward_passes_per_step: int,
+               op: ReduceOp, gradient_predivide_factor: float,
+               groups: list[list[torch.Tensor]] | None, sparse_as_dense: bool,
+               process_set: ProcessSet) -> None:
         """Called by ``build`` after the optimizer's own ``__init__``."""
-        self.defaults = dict(optimizer.defaults)
-        self.state.update(optimizer.state)
-        self._names = names
+        self._names = parameter_names(named_parameters, self.param_groups)
         self._compression = compression
         self._core_compressor = (compression.core if isinstance(compression, CoreCompressor)
                                  else None)
@@ -56,10 +92,20 @@ class ScheduleBase:
         self._user_groups = groups
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
-        self._prefix = f"{self.schedule_name}{next(_instances)}"
+        self._prefix = self._request_prefix()
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        self._index = {p: i for i, p in enumerate(self._params)}
-        self._autotuner = _autotuner_from_env()
+        self._pending: dict[torch.Tensor, Handle] = {}  # gradients in flight
+        self._should_synchronize = True
+        self._synchronized = False
+        self._autotuner = autotuner_from_env()  # DLCOMM_AUTOTUNE=1
+        self._start()
+
+    def _request_prefix(self) -> str:
+        """The first part of this optimizer's request names (unique per optimizer)."""
+        return f"{self.schedule_name}{next(_instances)}"
+
+    def _start(self) -> None:
+        raise NotImplementedError
 
     # --- helpers -------------------------------------------------------------------------
     def _base_step(self, closure: Any = None) -> Any:
@@ -83,32 +129,57 @@ class ScheduleBase:
             p.grad = p.grad.to_dense()
         return p.grad
 
-    def _submit_allreduce(self, params: list[torch.Tensor], name: str) -> GroupHandle:
-        """Start one grouped in-place all-reduce of these parameters' gradients."""
+    def _submit_allreduce(self, params: list[torch.Tensor], name: str) -> Handle:
+        """Start one (grouped) in-place all-reduce of these parameters' gradients."""
         pre, post = self._scales()
-        return GroupHandle(start_gradient_allreduce(
+        return start_gradient_allreduce(
             [self._dense_grad(p) for p in params], f"{self._prefix}.{name}",
             compression=self._compression, core_compressor=self._core_compressor,
             op=self._op, prescale_factor=pre, postscale_factor=post,
-            process_set=self._process_set, momentum=momentum_after_allreduce(self)))
+            process_set=self._process_set, momentum=momentum_after_allreduce(self))
 
     def _record_step_for_autotune(self) -> None:
-        """Feed this step's time to the autotuner (all ranks at the same step)."""
+        """Feed this step's time to the autotuner (all ranks at the same step, nothing of
+        ours in flight: a safe point to change engine settings)."""
         if self._autotuner is not None:
             self._autotuner.step_finished()
 
+    def _wait_pending(self) -> None:
+        """Wait for every gradient in flight (a group's handle once) and forget them."""
+        for handle in {id(h): h for h in self._pending.values()}.values():
+            handle.wait()
+        self._pending.clear()
 
-def _autotuner_from_env() -> Any:
-    """The process's autotuner when ``DLCOMM_AUTOTUNE`` is on, else None."""
-    return autotuner_from_env()
+    # --- the optimizer API ---------------------------------------------------------------
+    def synchronize(self) -> None:
+        raise NotImplementedError
 
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside, ``step()`` does not synchronize (call ``synchronize()`` yourself first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
 
-def build(mixin: type, optimizer: torch.optim.Optimizer, **kwargs: Any) -> torch.optim.Optimizer:
-    """Make ``mixin`` + ``optimizer``'s class, initialised on ``optimizer``'s parameter groups."""
-    base = optimizer.__class__
-    cls = type(base.__name__, (mixin, base), {"_optimizer_class": base})
-    obj = cls.__new__(cls)
-    base.__init__(obj, optimizer.param_groups)
-    obj._setup(optimizer, **kwargs)
-    obj._start()
-    return obj
+    def _synchronize_for_step(self) -> None:
+        """What ``step()`` does before stepping: synchronize unless the user just did."""
+        if not self._synchronized:
+            self.synchronize()
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize:
+            self._synchronize_for_step()
+        self._synchronized = False
+        result = self._base_step(closure)
+        self._record_step_for_autotune()
+        return result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._pending:
+            raise RuntimeError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(); this would drop gradients "
+                "that are being all-reduced")
+        return self._optimizer_class.zero_grad(self, set_to_none)

@@ -6,10 +6,6 @@ against: communication time adds to computation time instead of hiding behind it
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
-
 from dlcomm.torch.schedules.base import ScheduleBase
 
 
@@ -19,28 +15,10 @@ class NoOverlapSchedule(ScheduleBase):
     schedule_name = "none"
 
     def _start(self) -> None:
-        self._should_synchronize = True
-        self._synchronized = False
+        pass
 
     def synchronize(self) -> None:
         """All-reduce every gradient now (one grouped request) and write it into ``.grad``."""
         if self._params:
-            self._submit_allreduce(self._params, "all").finish()
+            self._submit_allreduce(self._params, "all").wait()
         self._synchronized = True
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """Inside, ``step()`` does not synchronize (call ``synchronize()`` yourself first)."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
-    def step(self, closure: Any = None) -> Any:
-        if self._should_synchronize and not self._synchronized:
-            self.synchronize()
-        self._synchronized = False
-        result = self._base_step(closure)
-        self._record_step_for_autotune()
-        return result

@@ -16,18 +16,17 @@ Until the plan exists (the first ``PROFILE_STEPS`` steps) it behaves exactly as 
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
 from dlcomm.torch import mpi_ops
 from dlcomm.torch.functions import broadcast_object
-from dlcomm.torch.schedules.base import GroupHandle, ScheduleBase
+from dlcomm.torch.schedules.base import ScheduleBase
 from dlcomm.torch.schedules.cost_model import AlphaBeta, agreed_alpha_beta
+from dlcomm.torch.schedules.wfbp import WFBPSchedule
 
 log = logging.getLogger("dlcomm")
 
@@ -87,59 +86,34 @@ def plan_merged_groups(ready_times: Sequence[float], sizes: Sequence[float],
     return groups
 
 
-class MGWFBPSchedule(ScheduleBase):
+class MGWFBPSchedule(WFBPSchedule):
     """Per-parameter hooks as in ``wfbp``; after profiling, merged groups as planned."""
 
     schedule_name = "mgwfbp"
+    _request_prefix = ScheduleBase._request_prefix
+    _synchronize_for_step = ScheduleBase._synchronize_for_step
 
     def _start(self) -> None:
         if self._user_groups:
             raise ValueError("schedule='mgwfbp' plans its own groups; do not pass groups= or "
                              "num_groups= (use schedule='wfbp' for fixed groups)")
-        self._delay = {p: self._passes for p in self._params}
-        self._pending: dict[torch.Tensor, GroupHandle] = {}
-        self._ready_in_group: dict[int, set[torch.Tensor]] = {}
-        self._group_of: dict[torch.Tensor, int] = {}
-        self._groups: list[list[torch.Tensor]] = []
+        super()._start()
         self._steps = 0
         self._step_origin: float | None = None
         self._ready_at: dict[torch.Tensor, float] = {}
         self._profile: list[dict[torch.Tensor, float]] = []
-        self._should_synchronize = True
-        self._synchronized = False
         self.cost_model: AlphaBeta | None = None
         self.merge_plan: list[list[str]] | None = None  # parameter names per message
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._params]
 
-    # --- hooks ---------------------------------------------------------------------------
-    def _on_grad(self, p: torch.Tensor) -> None:
-        if p in self._pending and self._delay[p] <= 0:
-            raise RuntimeError(
-                f"gradient of '{self._names[p]}' was computed more than "
-                f"backward_passes_per_step={self._passes} times before step(); raise "
-                "backward_passes_per_step to accumulate more passes locally")
-        self._delay[p] -= 1
-        if self._delay[p] > 0:
-            return
+    def _gradient_ready(self, p: torch.Tensor) -> None:
         now = time.perf_counter()
         if self._step_origin is None:
             self._step_origin = now
         self._ready_at[p] = now - self._step_origin
-        group = self._group_of.get(p)
-        if group is None:
-            self._pending[p] = self._submit_allreduce([p], self._names[p])
-            return
-        ready = self._ready_in_group.setdefault(group, set())
-        ready.add(p)
-        if len(ready) == len(self._groups[group]):
-            self._submit_group(group)
+        super()._gradient_ready(p)
 
-    def _submit_group(self, group: int) -> None:
-        members = self._groups[group]
-        handle = self._submit_allreduce(members, f"group{group}")
-        for q in members:
-            self._pending[q] = handle
-        self._ready_in_group.pop(group, None)
+    def _group_name(self, group: int) -> str:
+        return f"group{group}"
 
     # --- planning ------------------------------------------------------------------------
     def _plan(self) -> None:
@@ -167,22 +141,9 @@ class MGWFBPSchedule(ScheduleBase):
 
     # --- optimizer API -------------------------------------------------------------------
     def synchronize(self) -> None:
-        """Wait for every gradient's all-reduce and write the results into ``.grad``."""
-        for p in self._params:  # gradients that were not produced still travel (zeros)
-            if p not in self._pending:
-                group = self._group_of.get(p)
-                if group is None:
-                    self._pending[p] = self._submit_allreduce([p], self._names[p])
-                else:
-                    self._submit_group(group)
-        finished: set[int] = set()
-        for handle in self._pending.values():
-            if id(handle) not in finished:
-                finished.add(id(handle))
-                handle.finish()
-        self._pending.clear()
-        for p in self._delay:
-            self._delay[p] = self._passes
+        """Wait for every gradient's all-reduce and write the results into ``.grad``; the
+        first ``PROFILE_STEPS`` calls also record when each gradient was ready."""
+        super().synchronize()
         self._steps += 1
         if self._steps <= PROFILE_STEPS:
             self._profile.append(dict(self._ready_at))
@@ -190,29 +151,3 @@ class MGWFBPSchedule(ScheduleBase):
                 self._plan()
         self._ready_at.clear()
         self._step_origin = None
-        self._synchronized = True
-
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """Inside, ``step()`` does not synchronize (call ``synchronize()`` yourself first)."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
-    def step(self, closure: Any = None) -> Any:
-        if self._should_synchronize and not self._synchronized:
-            self.synchronize()
-        self._synchronized = False
-        result = self._base_step(closure)
-        self._record_step_for_autotune()
-        return result
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._pending:
-            raise RuntimeError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(); this would drop gradients "
-                "that are being all-reduced")
-        return self._optimizer_class.zero_grad(self, set_to_none)

@@ -8,48 +8,28 @@ optimizer. Semantics follow ``horovod.torch.DistributedOptimizer``.
 """
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterator
-from typing import Any
 
 import torch
 
-from dlcomm.ops import Average, ReduceOp
-from dlcomm.process_sets import ProcessSet
+from dlcomm.mpi_ops import Handle
+from dlcomm.ops import Average
 from dlcomm.torch import mpi_ops
-from dlcomm.torch.compression import CoreCompressor
-from dlcomm.torch.gradient_allreduce import momentum_after_allreduce, start_gradient_allreduce
+from dlcomm.torch.schedules.base import ScheduleBase
 
 
-class _Pending:
-    """One submitted gradient (or group): the handle and how to put results back."""
+class WFBPSchedule(ScheduleBase):
+    """A hook per parameter; a gradient (or a fixed group of them, ``groups=``) travels as
+    soon as backward has produced it ``backward_passes_per_step`` times."""
 
-    __slots__ = ("finish", "handle")
+    schedule_name = "wfbp"
 
-    def __init__(self, handle: Any, finish: Any) -> None:
-        self.handle = handle
-        self.finish = finish
+    def _request_prefix(self) -> str:
+        return "allreduce"  # Horovod's request names: allreduce.<parameter name>
 
-
-class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params: Any, named_parameters: Any, compression: Any,
-                 backward_passes_per_step: int, op: ReduceOp, gradient_predivide_factor: float,
-                 groups: list[list[torch.Tensor]] | None, sparse_as_dense: bool,
-                 process_set: ProcessSet) -> None:
-        super(self.__class__, self).__init__(params)
-        self._compression = compression
-        self._core_compressor = (compression.core if isinstance(compression, CoreCompressor)
-                                 else None)
-        self._passes = backward_passes_per_step
-        self._op = op
-        self._predivide = gradient_predivide_factor
-        self._sparse_as_dense = sparse_as_dense
-        self._process_set = process_set
-        all_params = [p for g in self.param_groups for p in g["params"]]
-        self._names = _parameter_names(named_parameters, self.param_groups)
+    def _start(self) -> None:
         self._group_of: dict[torch.Tensor, int] = {}
-        self._groups = groups or []
+        self._groups: list[list[torch.Tensor]] = self._user_groups or []
         for i, group in enumerate(self._groups):
             for p in group:
                 if p not in self._names:
@@ -58,15 +38,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if p in self._group_of:
                     raise ValueError(f"parameter '{self._names[p]}' appears in two groups")
                 self._group_of[p] = i
-        self._delay = {p: self._passes for p in all_params}
+        self._delay = {p: self._passes for p in self._names}
         self._ready_in_group: dict[int, set[torch.Tensor]] = {}
-        self._pending: dict[torch.Tensor, _Pending] = {}
-        self._synchronized = False
-        self._should_synchronize = True
-        self._hook_handles = [p.register_post_accumulate_grad_hook(self._on_grad)
-                              for p in all_params if p.requires_grad]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self._params]
 
-    # --- hooks: submit as soon as a gradient is ready -------------------------------------
+    # --- hooks: submit as soon as a gradient is ready ---------------------------------------
     def _on_grad(self, p: torch.Tensor) -> None:
         if p in self._pending and self._delay[p] <= 0:
             raise RuntimeError(
@@ -74,46 +50,39 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"backward_passes_per_step={self._passes} times before step(); raise "
                 "backward_passes_per_step to accumulate more passes locally")
         self._delay[p] -= 1
-        if self._delay[p] > 0:
-            return
+        if self._delay[p] <= 0:
+            self._gradient_ready(p)
+
+    def _gradient_ready(self, p: torch.Tensor) -> None:
+        """``p``'s gradient is complete: send it, or its group once the group is complete."""
         group = self._group_of.get(p)
         if group is None:
-            self._pending[p] = self._submit([p], self._names[p])
+            self._pending[p] = self._submit_allreduce([p], self._names[p])
             return
         ready = self._ready_in_group.setdefault(group, set())
         ready.add(p)
         if len(ready) == len(self._groups[group]):
-            members = self._groups[group]
-            pending = self._submit(members, f"group.{group}." + self._names[members[0]])
-            for q in members:
-                self._pending[q] = pending
-            del self._ready_in_group[group]
+            self._submit_group(group)
 
-    def _scales(self) -> tuple[float, float]:
-        if self._op is Average:  # Average's 1/size is applied by the engine after the sum
-            return 1.0 / self._predivide, self._predivide
-        return 1.0, 1.0
+    def _group_name(self, group: int) -> str:
+        return f"group.{group}." + self._names[self._groups[group][0]]
 
-    def _submit(self, params: list[torch.Tensor], name: str) -> _Pending:
-        """Start the all-reduce of these parameters' gradients (one fused request)."""
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse:
-                if not self._sparse_as_dense:
-                    if len(params) > 1:
-                        raise ValueError("sparse gradients cannot be grouped; pass "
-                                         "sparse_as_dense=True")
-                    return self._submit_sparse(p, name)
-                p.grad = p.grad.to_dense()
-        pre, post = self._scales()
-        return _Pending(None, start_gradient_allreduce(
-            [p.grad for p in params], f"allreduce.{name}", compression=self._compression,
-            core_compressor=self._core_compressor, op=self._op, prescale_factor=pre,
-            postscale_factor=post, process_set=self._process_set,
-            momentum=momentum_after_allreduce(self)))
+    def _submit_group(self, group: int) -> None:
+        members = self._groups[group]
+        handle = self._submit_allreduce(members, self._group_name(group))
+        for q in members:
+            self._pending[q] = handle
+        self._ready_in_group.pop(group, None)
 
-    def _submit_sparse(self, p: torch.Tensor, name: str) -> _Pending:
+    def _submit_allreduce(self, params: list[torch.Tensor], name: str) -> Handle:
+        if not self._sparse_as_dense and any(p.grad is not None and p.grad.is_sparse
+                                             for p in params):
+            if len(params) > 1:
+                raise ValueError("sparse gradients cannot be grouped; pass sparse_as_dense=True")
+            return self._submit_sparse(params[0], name)
+        return super()._submit_allreduce(params, name)
+
+    def _submit_sparse(self, p: torch.Tensor, name: str) -> Handle:
         """Sparse gradients: all-gather indices and values, then sum (as Horovod does)."""
         grad = p.grad.coalesce()
         values = mpi_ops.allgather_async(grad.values(), name=f"sparse.{name}.values",
@@ -122,97 +91,43 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                           name=f"sparse.{name}.indices",
                                           process_set=self._process_set)
 
-        def finish() -> None:
-            all_values = values.wait()
-            all_indices = indices.wait().t()
-            summed = torch.sparse_coo_tensor(all_indices, all_values, grad.shape).coalesce()
+        def write_back(all_indices: torch.Tensor) -> None:
+            summed = torch.sparse_coo_tensor(all_indices.t(), values.wait(),
+                                             grad.shape).coalesce()
             if self._op is Average:
                 summed = summed / self._process_set.size()
             p.grad = summed
 
-        return _Pending(None, finish)
+        return indices.then(write_back)
 
     # --- the optimizer API -----------------------------------------------------------------
-    def synchronize(self) -> None:
-        """Wait for every gradient's all-reduce and write the results into ``.grad``."""
-        params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
-        if not self._pending and all(self._delay[p] == self._passes for p in params):
+    def _check_gradients_produced(self) -> None:
+        if not self._pending and all(self._delay[p] == self._passes for p in self._params):
             raise RuntimeError(
                 "step()/synchronize() was called, but no gradient was produced since the last "
                 "step: call loss.backward() first (every rank must run the backward pass)")
+
+    def synchronize(self) -> None:
+        """Wait for every gradient's all-reduce and write the results into ``.grad``."""
+        self._check_gradients_produced()
         # Parameters whose hooks did not fire (unused in this pass, or accumulation not
         # complete) are still all-reduced, so every rank submits the same names.
-        for p in params:
+        for p in self._params:
             if p not in self._pending:
                 group = self._group_of.get(p)
                 if group is None:
-                    self._pending[p] = self._submit([p], self._names[p])
-                elif group in self._ready_in_group or not any(
-                        q in self._pending for q in self._groups[group]):
-                    members = self._groups[group]
-                    pending = self._submit(members, f"group.{group}." + self._names[members[0]])
-                    for q in members:
-                        self._pending[q] = pending
-                    self._ready_in_group.pop(group, None)
-        finished: set[int] = set()
-        for pending in self._pending.values():
-            if id(pending) not in finished:
-                finished.add(id(pending))
-                pending.finish()
-        self._pending.clear()
+                    self._pending[p] = self._submit_allreduce([p], self._names[p])
+                else:
+                    self._submit_group(group)
+        self._wait_pending()
         for p in self._delay:
             self._delay[p] = self._passes
         self._synchronized = True
 
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """Inside, ``step()`` does not synchronize (call ``synchronize()`` yourself first)."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
-    def step(self, closure: Any = None) -> Any:
-        if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn(
-                    "optimizer.step() called after optimizer.synchronize() without "
-                    "skip_synchronize(): the gradients are averaged twice. Wrap step() in "
-                    "'with optimizer.skip_synchronize():'", stacklevel=2)
-            self.synchronize()
-        self._synchronized = False
-        return super(self.__class__, self).step(closure)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._pending:
-            raise RuntimeError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(); this would drop gradients "
-                "that are being all-reduced")
-        return super(self.__class__, self).zero_grad(set_to_none)
-
-
-def _parameter_names(named_parameters: Any, param_groups: list[dict]) -> dict[torch.Tensor, str]:
-    """Map each optimizer parameter to a name; validate the user's names."""
-    all_params = [p for g in param_groups for p in g["params"]]
-    if named_parameters is None:
-        return {p: f"noname.{gi}.{pi}" for gi, g in enumerate(param_groups)
-                for pi, p in enumerate(g["params"])}
-    named = list(named_parameters)
-    if any(not isinstance(t, tuple) or len(t) != 2 or not isinstance(t[0], str) for t in named):
-        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
-                         "usually model.named_parameters()")
-    names = [n for n, _ in named]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"parameter names in named_parameters must be unique; duplicated: "
-                         f"{duplicates}")
-    by_param = {p: n for n, p in named}
-    unnamed = [p for p in all_params if p not in by_param]
-    if unnamed:
-        shapes = [tuple(p.shape) for p in unnamed]
-        raise ValueError(f"named_parameters was given, but {len(unnamed)} of the optimizer's "
-                         f"parameters are missing from it (shapes {shapes}); pass "
-                         "model.named_parameters() of the model the optimizer trains")
-    return {p: by_param[p] for p in all_params}
+    def _synchronize_for_step(self) -> None:
+        if self._synchronized:
+            warnings.warn(
+                "optimizer.step() called after optimizer.synchronize() without "
+                "skip_synchronize(): the gradients are averaged twice. Wrap step() in "
+                "'with optimizer.skip_synchronize():'", stacklevel=3)
+        self.synchronize()
