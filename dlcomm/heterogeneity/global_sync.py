@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.collectives.ordered import ordered_allreduce
 from dlcomm.comm.polling import wait_polling
 from dlcomm.errors import MismatchError
 from dlcomm.heterogeneity.world_comm import base_comm
@@ -137,6 +136,9 @@ def _average(comm: Any, arrays: list[np.ndarray]) -> None:
     """Average same-dtype ``arrays`` over ``comm`` in place (float16 summed in float32)."""
     if not arrays:
         return
+    # The collectives load the transport, whose import starts MPI: dlcomm.init does that.
+    from dlcomm.collectives.ordered import ordered_allreduce  # noqa: PLC0415 - MPI start-up
+
     dtype = arrays[0].dtype
     work = np.float32 if dtype == np.float16 else dtype
     buf = np.concatenate([a.reshape(-1) for a in arrays]).astype(work, copy=False)
