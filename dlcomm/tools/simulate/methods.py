@@ -24,9 +24,11 @@ SCHEDULES = ("wfbp", "mgwfbp", "dear", "none")  # dlcomm's names (frameworks/tor
 # of ring and halving-doubling at each size.
 ALGORITHMS = (*ALLREDUCE_ALGORITHMS, "mpi")
 # Mirrored from dlcomm.collectives.registry (importing it starts MPI; a test checks they
-# agree): the engine's default algorithm, and earlier names still accepted.
-DEFAULT_ALGORITHM = "ordered"
-ALGORITHM_ALIASES = {"native": "mpi"}
+# agree): earlier names still accepted. The engine's default, `auto`, picks `ordered` or
+# `pipelined` per size; both move ordered's bytes in rank order, and the model charges them
+# as `ordered` (pipelined's overlap of segments is not modelled: an upper bound).
+ALGORITHM_ALIASES = {"native": "mpi", "auto": "ordered", "pipelined": "ordered"}
+DEFAULT_ALGORITHM = "ordered"  # what the engine's default, auto, is modelled as
 DEFAULT_FUSION_THRESHOLD = 64 << 20  # DLCOMM_FUSION_THRESHOLD's default
 DEFAULT_DEAR_BUCKET_SIZE = 4 << 20  # DLCOMM_DEAR_BUCKET_SIZE's default
 DEFAULT_MIN_COMPRESS_SIZE = 1024  # DLCOMM_MIN_COMPRESS_SIZE's default
