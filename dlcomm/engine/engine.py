@@ -107,6 +107,37 @@ class Engine:
                 self._cond.notify()
         return request.handle
 
+    def submit_many(self, requests: list[Request]) -> list[Handle]:
+        """Queue several requests at once (one lock, one wake-up of the engine thread): a
+        backward pass's ready gradients, each with its own name and handle. Raises, queueing
+        none of them, if a name is in flight or repeated, or the engine stopped."""
+        with self._cond:
+            if self._error is not None:
+                raise type(self._error)(str(self._error))
+            names = [r.name for r in requests]
+            if len(set(names)) != len(names):
+                seen: set[str] = set()
+                for name in names:
+                    if name in seen:
+                        raise ValueError(f"the name '{name}' appears twice in one batch; "
+                                         "give every tensor its own name")
+                    seen.add(name)
+            busy = self._in_flight.intersection(names)
+            if busy:
+                raise ValueError(
+                    f"a request named '{sorted(busy)[0]}' is already in flight on this rank; "
+                    "wait for it (synchronize) or use a different name")
+            self._in_flight.update(names)
+            for request in requests:
+                request.handle.on_wait = self._user_waiting
+                request.handle.on_done = functools.partial(self._release, request.name)
+                self.timeline.begin(request.name, "queued", {"kind": request.kind.value})
+            was_empty = not self._queue
+            self._queue.extend(requests)
+            if was_empty and requests:
+                self._cond.notify()
+        return [r.handle for r in requests]
+
     def _release(self, name: str) -> None:
         """A request completed: its name may be submitted again at once."""
         with self._cond:
@@ -192,6 +223,7 @@ class Engine:
         now = time.monotonic()
         words = np.zeros(self.cache.num_words(), dtype=np.uint64)
         need_full = self._shutdown_requested or self._stall_abort
+        bits = []
         for req in self._pending.values():
             if req.announced:
                 continue
@@ -201,7 +233,8 @@ class Engine:
             if bit is None:
                 need_full = True
             else:
-                ResponseCache.set_bit(words, bit)
+                bits.append(bit)
+        ResponseCache.set_bits(words, bits)
         self.cache.mark_outsider_bits(words)
         if not need_full:
             words[0] |= _NO_UNCACHED
