@@ -96,8 +96,9 @@ def _add_fusion(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser(
         "fusion", help="N small async all-reduces against one concatenated raw call",
         description="N tensors of S bytes all-reduced with allreduce_async + synchronize, "
-        "with grouped_allreduce, with one raw Allreduce of the same bytes concatenated, and "
-        "with N raw Allreduce calls (run under dlcommrun; rank 0 prints).")
+        "with one allreduce_async_batch, with grouped_allreduce, with one raw Allreduce of the "
+        "same bytes concatenated, and with N raw Allreduce calls (run under dlcommrun; rank 0 "
+        "prints).")
     p.add_argument("--tensors", type=count_arg(1), default=200, help="N (default 200)")
     p.add_argument("--tensor-bytes", type=size_arg, default=40_000, metavar="SIZE",
                    help="bytes per tensor (default 40000)")
