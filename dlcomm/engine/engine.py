@@ -23,11 +23,13 @@ from dlcomm.collectives.registry import (
     algorithm_name_from_env,
     get_allreduce_algorithm,
 )
+from dlcomm.collectives.selection import built_model
 from dlcomm.comm.counting import ByteCounter
 from dlcomm.comm.mpi_backend import MPICommunicator, dumps, loads
 from dlcomm.comm.polling import wait_polling
 from dlcomm.config import Config
 from dlcomm.engine.executor import Executor
+from dlcomm.engine.fusion import bucket_bytes
 from dlcomm.engine.negotiation import WORLD, Coordinator, Response
 from dlcomm.engine.process_sets import ProcessSetState
 from dlcomm.engine.request import CACHEABLE, Handle, Kind, Request, Signature
@@ -75,6 +77,11 @@ class Engine:
         self._cond = threading.Condition()
         self._queue: list[Request] = []
         self._in_flight: set[str] = set()
+        self._queued_bytes = 0  # dense all-reduce bytes in the queue
+        # Queued bytes that end batching at once (from the all-reduce's cost model, known
+        # after the first all-reduce); None: batching ends on a quiet queue only.
+        self._bucket_bytes: int | None = None
+        self._bucket_awaited = algorithm_name_from_env() in ("auto", "fastest")
         self._pending: dict[str, Request] = {}  # engine thread only, submission order
         self._shutdown_requested = False
         self._user_blocked = False
@@ -103,6 +110,7 @@ class Engine:
             # Before the append: once queued, the engine thread may end this phase.
             self.timeline.begin(request.name, "queued", {"kind": request.kind.value})
             self._queue.append(request)
+            self._queued_bytes += _dense_bytes(request)
             if len(self._queue) == 1:
                 self._cond.notify()
         return request.handle
@@ -134,6 +142,7 @@ class Engine:
                 self.timeline.begin(request.name, "queued", {"kind": request.kind.value})
             was_empty = not self._queue
             self._queue.extend(requests)
+            self._queued_bytes += sum(_dense_bytes(r) for r in requests)
             if was_empty and requests:
                 self._cond.notify()
         return [r.handle for r in requests]
@@ -175,6 +184,8 @@ class Engine:
         self.config = dataclasses.replace(self.config, fusion_threshold=threshold,
                                           cycle_time=cycle)
         self.executor.fusion_threshold = threshold
+        if self._bucket_bytes is not None:  # the bucket is capped by the threshold
+            self._bucket_bytes = self._bucket_from_cost_model()
 
     @property
     def alive(self) -> bool:
@@ -202,14 +213,20 @@ class Engine:
             if self._queue:
                 # Let a burst of submissions (a loop of async calls, a backward pass)
                 # finish, so it is negotiated and fused together.
+                # A full bucket goes at once: its gradients reach the wire while backward
+                # still produces the next ones.
                 quiet = max(cycle / 4, 5e-5)
                 deadline = time.monotonic() + 10 * cycle
+                bucket = self._bucket_bytes
                 while not self._user_blocked and time.monotonic() < deadline:
+                    if bucket is not None and self._queued_bytes >= bucket:
+                        break
                     seen = len(self._queue)
                     self._cond.wait(quiet)
                     if len(self._queue) == seen:
                         break
             batch, self._queue = self._queue, []
+            self._queued_bytes = 0
             self._user_blocked = False
         for req in batch:
             self._pending[req.name] = req
@@ -254,6 +271,9 @@ class Engine:
         if responses:
             self.executor.run(responses, self._pending)
             self._retire(responses)
+            if self._bucket_awaited:
+                self._bucket_bytes = self._bucket_from_cost_model()
+                self._bucket_awaited = self._bucket_bytes is None
         if self.coordinator.stall_abort_ranks:
             self._stop(StallError(self.stall.abort_message(self.coordinator)))
             return False
@@ -303,6 +323,18 @@ class Engine:
         if pending and not quiet:
             log.error("%s", error)
 
+    def _bucket_from_cost_model(self) -> int | None:
+        """``fusion.bucket_bytes`` of the algorithm the cost model picks for a full fusion
+        buffer, once ``auto``/``fastest`` measured it; None until then (or never, with a
+        fixed algorithm). A local decision: it changes when a rank negotiates, never what
+        the ranks agree on."""
+        model = built_model(self.process_sets[WORLD].comm)
+        if model is None:
+            return None
+        threshold = self.config.fusion_threshold
+        cost = model.cost(model.choose(max(threshold, 1)))
+        return bucket_bytes(cost.alpha, cost.beta, threshold)
+
     # --- process sets (run on every rank, in the global order) --------------------------------
     def _add_process_set(self, resp: Response, req: Request | None) -> int:
         ranks = tuple(resp.reference.extra)
@@ -319,6 +351,13 @@ class Engine:
         state = self.process_sets.pop(set_id)
         self.coordinator.members.pop(set_id, None)
         state.free()
+
+
+def _dense_bytes(request: Request) -> int:
+    """Bytes a request adds to a dense all-reduce bucket (0 for anything else)."""
+    if request.kind is not Kind.ALLREDUCE or request.signature.compression != "none":
+        return 0
+    return sum(a.nbytes for a in request.arrays)
 
 
 def _data_algorithms() -> tuple[Any, Any]:
