@@ -33,6 +33,7 @@ _EXPORTS = {
     "AutoAllreduce": "selection",
     "CostModel": "selection",
     "auto_allreduce": "selection",
+    "built_model": "selection",
     "cached_auto_allreduce": "selection",
     "fastest_allreduce": "selection",
     "SUPPORTED_OPS": "reduction",

@@ -4,11 +4,14 @@ overlapped segment by segment.
 Like ``ordered``, rank r owns block r of the buffer (``equal_counts``), receives every rank's
 copy of it, reduces the copies in rank order (``((x_0 op x_1) op x_2) ... op x_{p-1}`` for
 every element) and sends the result to every rank: the bytes of a ring, ``2 (p-1)/p n`` per
-rank each way. Here each block is cut into segments of ``segment_bytes`` and everything
-travels as non-blocking point-to-point messages posted at once: segment k of a block is
-reduced as soon as its last copy arrives and its result leaves at once, while later segments
-are still on the wire. The link of every rank stays busy from the first byte to the last,
-instead of idling between an all-to-all, a reduction and an all-gather. The reduction is
+rank each way. Here each block is cut into segments of ``segment_bytes`` that travel as
+non-blocking point-to-point messages in steps: at step s every rank sends to rank + s and
+receives from rank - s (a shifted ring, so each link carries one flow each way, never the
+many-to-one bursts of an all-to-all), with the next message always queued behind the one on
+the wire. Segment k of a block is reduced as soon as its last copy arrives and its result
+leaves at once, while later segments are still travelling: the link of every rank stays busy
+from the first byte to the last, instead of idling between an all-to-all, a reduction and an
+all-gather. The reduction is
 ``ordered``'s own function on the same copies, so the result is bit for bit ``ordered``'s for
 every segment size, buffer size and rank count, and the choice between the two (``auto``)
 never changes a model.
@@ -16,6 +19,7 @@ never changes a model.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Mapping
 
 import numpy as np
@@ -37,8 +41,10 @@ from dlcomm.ops import ReduceOp
 DEFAULT_SEGMENT_BYTES = 1 << 20
 SEGMENT_BYTES_ENV = "DLCOMM_ALLREDUCE_SEGMENT_BYTES"
 # Segments per block at most: a larger block gets larger segments, which bounds the
-# messages in flight (4 (p-1) per segment) and the bookkeeping per byte.
+# messages and the bookkeeping per byte.
 MAX_SEGMENTS = 32
+# Sends in flight per phase: one on the wire and one queued behind it.
+WINDOW = 2
 
 _RS_RECV, _RS_SEND, _AG_RECV, _AG_SEND = range(4)
 
@@ -100,47 +106,64 @@ def pipelined_allreduce(
     offsets = displacements(equal_counts(send.size, size))
     largest = offsets[1] - offsets[0]  # equal_counts puts the largest block first
     segment = max(1, segment_bytes // send.itemsize, -(-largest // MAX_SEGMENTS))
-    mine = offsets[rank + 1] - offsets[rank]
-    own = segment_bounds(mine, segment)
-    peers = [(rank + step) % size for step in range(1, size)]
+    blocks = [segment_bounds(offsets[j + 1] - offsets[j], segment) for j in range(size)]
+    own = blocks[rank]
+    # Step s pairs this rank with rank + s (sending) and rank - s (receiving): every rank
+    # talks to one peer each way at a time, as in a ring, with no many-to-one bursts.
+    order = [(rank + step) % size for step in range(1, size)]
     # copies[j]: rank j's copy of block `rank`; this rank's own copy is taken before the
     # result (which, in place, overwrites it) is written.
+    mine = offsets[rank + 1] - offsets[rank]
     copies = np.empty((size, mine), dtype=send.dtype)
     np.copyto(copies[rank], send[offsets[rank]:offsets[rank + 1]])
+    result = recv[offsets[rank]:offsets[rank + 1]]
     requests = comm.request_list()
-    # Receives first, so no message waits for its buffer; then sends, segment-major, so
-    # every block's first segment reaches its owner before anyone's second.
+    # Every receive of a copy is posted first, so no copy waits for its buffer.
     for k, (lo, hi) in enumerate(own):
-        for j in peers:
+        for j in order:
             requests.add(comm.irecv(copies[j, lo:hi], j, CollectiveTag.PIPELINED_SCATTER + k),
                          (_RS_RECV, j, k))
-    blocks = {j: segment_bounds(offsets[j + 1] - offsets[j], segment) for j in peers}
-    for k in range(max((len(b) for b in blocks.values()), default=0)):
-        for j in peers:
-            if k < len(blocks[j]):
-                lo, hi = blocks[j][k]
-                base = offsets[j]
-                requests.add(comm.isend(send[base + lo:base + hi], j,
-                                        CollectiveTag.PIPELINED_SCATTER + k), (_RS_SEND, j, k))
+    # Sends leave in step order, WINDOW at a time per phase: the next is queued while one
+    # is on the wire, so the link never idles and never carries more flows than it must.
+    scatter = deque((j, k) for j in order for k in range(len(blocks[j])))
+    gather = deque((j, k) for j in order for k in range(len(own)))
+    reduced = [False] * len(own)
     arrived = [0] * len(own)
-    result = recv[offsets[rank]:offsets[rank + 1]]
+    flying = [0, 0]  # sends in flight: scatter, gather
+
+    def post_sends() -> None:
+        while scatter and flying[0] < WINDOW:
+            j, k = scatter.popleft()
+            lo, hi = blocks[j][k]
+            base = offsets[j]
+            requests.add(comm.isend(send[base + lo:base + hi], j,
+                                    CollectiveTag.PIPELINED_SCATTER + k), (_RS_SEND, j, k))
+            flying[0] += 1
+        while gather and flying[1] < WINDOW and reduced[gather[0][1]]:
+            j, k = gather.popleft()
+            lo, hi = own[k]
+            requests.add(comm.isend(result[lo:hi], j, CollectiveTag.PIPELINED_GATHER + k),
+                         (_AG_SEND, j, k))
+            flying[1] += 1
+
+    post_sends()
     while requests.pending:
         for kind, j, k in requests.wait_some():
             if kind == _RS_RECV:
                 arrived[k] += 1
-                if arrived[k] < size - 1:
-                    continue
-                lo, hi = own[k]
-                reduce_in_rank_order(copies[:, lo:hi], result[lo:hi], ufunc)
-                tag = CollectiveTag.PIPELINED_GATHER + k
-                for peer in peers:
-                    requests.add(comm.isend(result[lo:hi], peer, tag), (_AG_SEND, peer, k))
+                if arrived[k] == size - 1:
+                    lo, hi = own[k]
+                    reduce_in_rank_order(copies[:, lo:hi], result[lo:hi], ufunc)
+                    reduced[k] = True
             elif kind == _RS_SEND:
+                flying[0] -= 1
                 # Only now may block j's segment k be overwritten by the result: in place it
                 # is the memory that was just sent.
                 lo, hi = blocks[j][k]
                 base = offsets[j]
-                target = recv[base + lo:base + hi]
-                requests.add(comm.irecv(target, j, CollectiveTag.PIPELINED_GATHER + k),
-                             (_AG_RECV, j, k))
+                requests.add(comm.irecv(recv[base + lo:base + hi], j,
+                                        CollectiveTag.PIPELINED_GATHER + k), (_AG_RECV, j, k))
+            elif kind == _AG_SEND:
+                flying[1] -= 1
+        post_sends()
     return recv

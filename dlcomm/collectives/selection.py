@@ -304,6 +304,16 @@ def cached_auto_allreduce(comm: CommLike, candidates: Sequence[str] = DETERMINIS
                        lambda: AutoAllreduce(comm, candidates, allreduce_segment_bytes=segment))
 
 
+def built_model(comm: CommLike) -> CostModel | None:
+    """The cost model ``auto`` measured (or read) for ``comm``, or None before its first
+    all-reduce, or when another algorithm runs. Never collective."""
+    comm = check_comm(comm)
+    auto = comm.peek_cached((AutoAllreduce, DETERMINISTIC_CANDIDATES, segment_bytes_from_env()))
+    if auto is None:
+        auto = comm.peek_cached((AutoAllreduce, ANY_CANDIDATES, segment_bytes_from_env()))
+    return None if auto is None else auto.model
+
+
 def auto_allreduce(comm: CommLike, sendbuf: np.ndarray, recvbuf: np.ndarray,
                    op: ReduceOp | str = ReduceOp.SUM) -> np.ndarray:
     """All-reduce with ``ordered`` or ``pipelined``, whichever the cost model predicts faster

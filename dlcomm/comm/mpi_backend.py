@@ -412,6 +412,14 @@ class MPICommunicator:
                 and not MPI.Is_finalized()):
             self.comm.Free()
 
+    def peek_cached(self, key: Any) -> Any:
+        """The value cached under ``key``, or None when nothing was built yet (never
+        collective: for readers that must not start a build on one rank only)."""
+        if self.freed:
+            return None
+        cache = self.comm.Get_attr(_CACHE_KEYVAL)
+        return None if cache is None else cache.get(key)
+
     def cached(self, key: Any, build: Callable[[], Any]) -> Any:
         """The value cached on this communicator under ``key``, built by ``build()`` on first
         use; values with a ``free()`` method are freed when the communicator is."""

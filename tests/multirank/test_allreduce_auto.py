@@ -95,3 +95,55 @@ def test_engine_default_gives_rank_order_bits_at_every_size(np_ranks: int,
     run_mpi(np_ranks, ENGINE, tmp_path, timeout=300, args=[str(tmp_path)])
     for r in range(np_ranks):
         assert json.loads((tmp_path / f"rank{r}.json").read_text()) == [], f"rank {r}"
+
+
+
+BUCKET = r"""
+import json, sys, time
+import numpy as np
+import dlcomm
+from dlcomm import basics
+from dlcomm.collectives import built_model
+
+dlcomm.init()
+rank = dlcomm.rank()
+engine = basics.state().engine
+data = engine.process_sets[0].comm
+before = [engine._bucket_bytes, built_model(data)]
+dlcomm.allreduce(np.ones(10, np.float32), name="first", op=dlcomm.Sum)
+start = time.monotonic()  # the engine derives the bucket right after completing "first"
+while engine._bucket_bytes is None and time.monotonic() - start < 5:
+    time.sleep(0.01)
+bucket = engine._bucket_bytes
+model = built_model(data)
+# A tensor that fills a bucket is negotiated at once, although the user never blocks on it
+# and the cycle time (10 minutes) would otherwise batch for minutes after it.
+done = None
+if bucket is not None:
+    x = np.ones(bucket // 4 + 1, np.float32)
+    h = dlcomm.allreduce_async(x, name="full", op=dlcomm.Sum)
+    start = time.monotonic()
+    while not dlcomm.poll(h) and time.monotonic() - start < 60:
+        time.sleep(0.01)
+    done = dlcomm.poll(h) and bool((dlcomm.synchronize(h) == dlcomm.size()).all())
+out = {"before": before, "bucket": bucket, "threshold": engine.config.fusion_threshold,
+       "model": None if model is None else model.to_json(), "done": done}
+dlcomm.shutdown()
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "ordered"])
+def test_bucket_size_comes_from_the_cost_model(algorithm: str, tmp_path: Path) -> None:
+    env = {"DLCOMM_ALLREDUCE_ALGORITHM": algorithm, "DLCOMM_CYCLE_TIME": "600000"}
+    run_mpi(3, BUCKET, tmp_path, timeout=240, env=env, args=[str(tmp_path)])
+    ranks = _ranks(tmp_path, 3)
+    for out in ranks:
+        assert out["before"] == [None, None]  # nothing measured before the first all-reduce
+        if algorithm == "ordered":  # a fixed algorithm: no model, batching as before
+            assert out["bucket"] is None and out["model"] is None
+            continue
+        assert out["model"] == ranks[0]["model"]
+        assert 64 << 10 <= out["bucket"] <= out["threshold"]
+        assert out["done"] is True
