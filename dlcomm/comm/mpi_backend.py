@@ -362,6 +362,20 @@ class MPICommunicator:
         """Start a barrier; ``test()`` is True once every rank entered it."""
         return MPIRequest(self.comm.Ibarrier())
 
+    @_raising_transport_errors
+    def iallgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> MPIRequest:
+        """Start gathering every rank's equal-sized ``sendbuf`` into ``recvbuf`` (rank order);
+        doubles as a barrier that carries a few words per rank."""
+        return MPIRequest(self.comm.Iallgather(_wire(sendbuf), _wire(recvbuf)), sendbuf, recvbuf)
+
+    @_raising_transport_errors
+    def iallreduce(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp) -> MPIRequest:
+        """Start MPI's own all-reduce of ``sendbuf`` into ``recvbuf`` (the same array: in
+        place), for a caller that must be able to stop waiting for a member that will not come."""
+        send = MPI.IN_PLACE if sendbuf is recvbuf else _wire(sendbuf)
+        request = self.comm.Iallreduce(send, _wire(recvbuf), op=_reduce_op(recvbuf.dtype, op))
+        return MPIRequest(request, sendbuf, recvbuf)
+
     # --- small control messages (pickled objects) ------------------------------------------
     @_raising_transport_errors
     def isend_object(self, obj: Any, dest: int, tag: int) -> MPIRequest:

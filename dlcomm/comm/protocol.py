@@ -91,6 +91,12 @@ class PointToPoint(Protocol):
     def ibarrier(self) -> PendingRequest:
         """Start a barrier over every rank."""
 
+    def iallgather(self, sendbuf: Any, recvbuf: Any) -> PendingRequest:
+        """Start gathering every rank's equal-sized ``sendbuf`` into ``recvbuf``."""
+
+    def iallreduce(self, sendbuf: Any, recvbuf: Any, op: ReduceOp) -> PendingRequest:
+        """Start an all-reduce of ``sendbuf`` into ``recvbuf`` (the same array: in place)."""
+
     def barrier(self) -> None:
         """Return once every rank entered the barrier."""
 

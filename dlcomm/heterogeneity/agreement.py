@@ -37,9 +37,19 @@ def check_same_settings(comm: Any, what: str, settings: Mapping[str, Any],
     if len(names) != len(every):
         raise ValueError(f"ranks lists {len(names)} members but the communicator has "
                          f"{len(every)}")
-    differ = differing_settings(every)
-    if differ:
-        lines = "; ".join(f"{name}: " + ", ".join(f"rank {r}: {v!r}" for r, v in zip(names, vals))
-                          for name, vals in differ.items())
-        raise MismatchError(f"{what} was built with different settings on different ranks "
-                            f"({lines}); every rank must pass the same")
+    message = settings_mismatch(what, names, every)
+    if message:
+        raise MismatchError(message)
+
+
+def settings_mismatch(what: str, names: Sequence[int], per_rank: list[Mapping[str, Any]]
+                      ) -> str | None:
+    """The error text when ``per_rank`` (the settings of the ranks ``names``, in order)
+    differ, naming each differing setting and every rank's value; None when they agree."""
+    differ = differing_settings(per_rank)
+    if not differ:
+        return None
+    lines = "; ".join(f"{name}: " + ", ".join(f"rank {r}: {v!r}" for r, v in zip(names, vals))
+                      for name, vals in differ.items())
+    return (f"{what} was built with different settings on different ranks ({lines}); "
+            "every rank must pass the same")

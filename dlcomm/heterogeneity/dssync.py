@@ -13,10 +13,12 @@ Why group averages bypass dlcomm's engine: the engine negotiates every request w
 coordinator over *all* ranks each cycle, so a group could start only when every rank's
 engine had joined that cycle, which couples all groups every step and undoes what DS-Sync
 is for. The partition is known everywhere, so nothing needs negotiating: each group meets in
-a polled non-blocking barrier and runs one all-reduce on its own communicator (the
-transport's, ``dlcomm.comm``) from the calling thread (dlcomm initialises MPI with
-``MPI_THREAD_MULTIPLE``). Measured at 8 emulated
-hosts x 1 Gbit/s in docs/heterogeneity.md.
+a polled non-blocking all-gather of its members' layouts and runs one polled non-blocking
+all-reduce on its own communicator (the transport's, ``dlcomm.comm``) from the calling
+thread (dlcomm initialises MPI with ``MPI_THREAD_MULTIPLE``). Both are polled so that a
+member told to stop (another rank read the model alone, ``GlobalSyncPoints``) never leaves
+its partners blocked in MPI. Measured at 8 emulated hosts x 1 Gbit/s in
+docs/heterogeneity.md.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ import numpy as np
 
 from dlcomm import mpi_ops
 from dlcomm.comm.polling import wait_polling
-from dlcomm.heterogeneity.agreement import check_same_settings
+from dlcomm.errors import MismatchError
+from dlcomm.heterogeneity.agreement import check_same_settings, settings_mismatch
 from dlcomm.heterogeneity.world_comm import base_comm
 from dlcomm.ops import Average, ReduceOp
 
@@ -90,7 +93,6 @@ class GroupCycle:
                 split[key] = base.split(color, me)
             self._comms.append(split[key])
             self._groups.append(next(g for g in part if me in g))
-        self._checked: set[tuple[int, str, int]] = set()
 
     def group_ranks(self, step: int) -> list[int]:
         """The ranks of this rank's group at ``step``."""
@@ -100,17 +102,15 @@ class GroupCycle:
         """This rank's group communicator (the transport's) at ``step``."""
         return self._comms[_check_int(step, "step", 0) % self.cycle]
 
-    def check_layout(self, step: int, dtype: np.dtype, count: int) -> None:
-        """Raise ``MismatchError`` on every member if the members of this rank's group at
-        ``step`` average different layouts (a mismatch would otherwise hang or corrupt
-        the all-reduce); checked once per communicator and layout."""
-        comm, ranks = self.comm(step), self.group_ranks(step)
-        key = (id(comm), dtype.str, count)
-        if key in self._checked:
-            return
-        check_same_settings(comm, f"The model averaged in DS-Sync group {ranks}",
-                            {"elements": int(count), "dtype": np.dtype(dtype).name}, ranks)
-        self._checked.add(key)
+    def layout_mismatch(self, step: int, layouts: np.ndarray) -> str | None:
+        """The error text when the members of this rank's group at ``step`` average
+        different layouts (``layouts``: one (element count, index in ``_AVERAGED_DTYPES``) row
+        per member, in member order), or None when they agree."""
+        per_member = [{"elements": int(count), "dtype": _AVERAGED_DTYPES[int(code)]}
+                      for count, code in layouts]
+        ranks = self.group_ranks(step)
+        return settings_mismatch(f"The model averaged in DS-Sync group {ranks}", ranks,
+                                 per_member)
 
 
 _AVERAGED_DTYPES = ("float16", "float32", "float64")  # what average_in_group averages
@@ -151,28 +151,35 @@ def average_in_group(arrays: Sequence[np.ndarray], cycle: GroupCycle, step: int,
     for a in arrays:
         buf[pos:pos + a.size] = a.reshape(-1)
         pos += a.size
-    # Members arrive through a polled non-blocking barrier, so a rank whose partner is still
-    # computing sleeps instead of spinning in MPI; the sum itself is the blocking call, whose
-    # algorithms beat MPI_Iallreduce's (measured: docs/heterogeneity.md).
-    arrived = comm.ibarrier()
-    if while_waiting is None:
-        wait_polling(arrived.test)
-    else:
-        def gathered() -> bool:
-            while_waiting()
-            return arrived.test()
-
-        wait_polling(gathered)
-    # After the barrier: every member is here, so the layout check's blocking all-gather
-    # cannot leave a rank waiting, unpolled, for a member that will not come.
-    cycle.check_layout(step, dtype, count)
-    comm.allreduce(buf, buf, ReduceOp.SUM)
+    # Members meet in a polled all-gather of their layouts (a barrier that also checks the
+    # layouts), so a rank whose partner is still computing sleeps instead of spinning in MPI.
+    # The sum is polled too: a member may stop waiting (``while_waiting`` raised) after
+    # it joined the meeting, and a blocking sum would leave the others waiting for it forever.
+    wait = wait_polling if while_waiting is None else _polling_with(while_waiting)
+    mine = np.array([count, _AVERAGED_DTYPES.index(dtype.name)], dtype=np.int64)
+    layouts = np.empty((members, 2), dtype=np.int64)
+    wait(comm.iallgather(mine, layouts.reshape(-1)).test)
+    mismatch = cycle.layout_mismatch(step, layouts)
+    if mismatch:
+        raise MismatchError(mismatch)
+    wait(comm.iallreduce(buf, buf, ReduceOp.SUM).test)
     buf /= members
     pos = 0
     for a in arrays:
         a[...] = buf[pos:pos + a.size].reshape(a.shape)
         pos += a.size
     return arrays
+
+
+def _polling_with(while_waiting: Callable[[], None]) -> Callable[[Callable[[], bool]], None]:
+    """``wait_polling`` that also calls ``while_waiting`` (which may raise) between tests."""
+    def wait(test: Callable[[], bool]) -> None:
+        def done() -> bool:
+            while_waiting()
+            return test()
+
+        wait_polling(done)
+    return wait
 
 
 def global_average(arrays: Sequence[np.ndarray], name: str = "dssync.global"
