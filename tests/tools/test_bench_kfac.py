@@ -68,7 +68,7 @@ def test_a_tiny_run_trains_and_reports_accuracy_per_epoch(tmp_path: Path) -> Non
         frameworks = "kfac-pytorch,dlcomm"
     argv = ["bench", "kfac", "--np", "2", "--frameworks", frameworks, "--epochs", "2",
             "--max-steps", "2", "--warmup", "0", "--inv-update-steps", "2",
-            "--json", str(tmp_path / "kfac.json"), "--timeout", "300"]
+            "--json", str(tmp_path / "kfac.json"), "--timeout", "600"]
     if peer_path:
         argv += ["--peer-path", peer_path]
     assert cli.main(argv) == 0

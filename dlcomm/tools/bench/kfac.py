@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -84,10 +85,20 @@ def job_command(framework: str, np_: int, emulate: str | None, options: dict[str
 
 
 def run_job(cmd: list[str], json_path: Path, timeout: float) -> dict[str, Any]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    """Run one job in its own session; on timeout its whole process tree (mpirun and every
+    rank) is killed, so no rank is left running beside the next job."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise RuntimeError(f"{' '.join(cmd)} ran past {timeout:.0f} s (--timeout):\n"
+                           f"{out[-2000:]}\n{err[-3000:]}") from None
     if proc.returncode != 0 or not json_path.exists():
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                           f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+                           f"{out[-2000:]}\n{err[-3000:]}")
     return json.loads(json_path.read_text())
 
 
