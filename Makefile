@@ -20,7 +20,7 @@ install: install-mpi
 	$(PIP) install -q -e '.[torch,bench]'
 
 install-test: install-mpi
-	$(PIP) install -q -e '.[torch,bench,test]'
+	$(PIP) install -q -e '.[torch,bench,test,split]'
 
 demo: install
 	dlcommrun -np $(NP) $(PYTHON) examples/torch_mnist.py --epochs 5
