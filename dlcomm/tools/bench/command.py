@@ -33,6 +33,7 @@ EXTERNAL_ACTIONS: dict[str, str] = {
     "fl": "dlcomm.tools.bench.fl",
     "fl-schedule": "dlcomm.tools.bench.fl_schedule",
     "kfac": "dlcomm.tools.bench.kfac",
+    "cache": "dlcomm.tools.bench.data_cache",
 }
 
 
