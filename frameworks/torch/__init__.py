@@ -41,6 +41,7 @@ from dlcomm.torch.functions import (
     broadcast_parameters,
 )
 from dlcomm.torch.heterogeneity.lbbsp import BalancedBatchSampler
+from dlcomm.torch.loss_scaler import LossScaler
 from dlcomm.torch.mpi_ops import (
     Handle,
     allgather,
@@ -72,7 +73,8 @@ from dlcomm.training_timeline import timeline_range
 
 __all__ = [
     "Adasum", "Average", "BalancedBatchSampler", "Compression", "Compressor", "DLCommError",
-    "DistributedOptimizer", "Handle", "HorovodInternalError", "Max", "Min", "MismatchError",
+    "DistributedOptimizer", "Handle", "HorovodInternalError", "LossScaler", "Max", "Min",
+    "MismatchError",
     "ProcessSet", "Product", "ReduceOp", "ShutdownError", "StallError", "Sum", "SyncBatchNorm",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
