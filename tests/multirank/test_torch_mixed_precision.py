@@ -17,10 +17,11 @@ mode, out = sys.argv[1], sys.argv[2]
 hvd.init()
 r, n = hvd.rank(), hvd.size()
 torch.manual_seed(1)
-model = torch.nn.Sequential(torch.nn.Linear(10, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+# the first weight (1240 elements) is above the compressors' bypass size, so topk compresses it
+model = torch.nn.Sequential(torch.nn.Linear(40, 31), torch.nn.ReLU(), torch.nn.Linear(31, 3))
 compression = hvd.Compression.none
 if mode == "topk_separate":
-    compression = hvd.Compression.lookup("topk:ratio=0.3")
+    compression = hvd.Compression.lookup("topk:ratio=0.3")  # error feedback: reset on skip
 elif mode == "fp16_fused":
     compression = hvd.Compression.fp16
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
@@ -37,7 +38,7 @@ else:
 stepped, scales = [], []
 for step in range(8):
     g = torch.Generator().manual_seed(100 * step + r)
-    x = torch.randn(3 + 2 * r, 10, generator=g)  # uneven local batches
+    x = torch.randn(3 + 2 * r, 40, generator=g)  # uneven local batches
     y = torch.randint(0, 3, (3 + 2 * r,), generator=g)
     before = [p.detach().clone() for p in model.parameters()]
     with torch.autocast("cpu", dtype=torch.bfloat16):
