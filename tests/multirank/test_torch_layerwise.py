@@ -65,7 +65,8 @@ for kind in ("lars", "lamb"):
             loss_fn(ref(xs), ys).backward()
             ref_opt.step()
             ref_sched.step()
-        diffs = [float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), ref.parameters())]
+        diffs = [float((p - q).detach().abs().max())
+                 for p, q in zip(model.parameters(), ref.parameters())]
         moved = max(float((p - q).detach().abs().max())
                     for p, q in zip(model.parameters(), model_fn().parameters()))
         assert moved > 1e-3, (kind, schedule, moved)  # training did change the parameters
