@@ -161,6 +161,19 @@ KNOBS: tuple[Knob, ...] = (
     Knob("dear_bucket_size", 4 << 20, parse_bytes,
          "Bytes of gradients fused into one reduce-scatter/all-gather by schedule=dear.",
          where="DistributedOptimizer"),
+    Knob("loss_scale_init", 65536.0, _non_negative_float,
+         "Initial loss scale of dlcomm.torch.LossScaler (mixed precision): the loss is "
+         "multiplied by it before backward; halved after an overflow every rank agrees on.",
+         where="dlcomm.torch.LossScaler"),
+    Knob("loss_scale_growth_interval", 2000, _positive_int,
+         "Steps without overflow after which LossScaler doubles the loss scale.",
+         where="dlcomm.torch.LossScaler"),
+    Knob("loss_scale_flag", "auto", str,
+         "How LossScaler's ranks agree on an overflow: fused (the inf/NaN travels inside the "
+         "gradient all-reduce, no extra message; needs no compressor or fp16), separate (each "
+         "rank checks its local gradients before sending, one flag is all-reduced with Max), "
+         "auto (fused where possible, else separate). See docs/mixed_precision.md.",
+         where="dlcomm.torch.LossScaler"),
     Knob("autotune", False, parse_bool,
          "Tune fusion_threshold and cycle_time online by Bayesian optimisation of the "
          "measured step time (rank 0 decides, all ranks apply); needs optuna.",

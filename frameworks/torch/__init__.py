@@ -41,6 +41,9 @@ from dlcomm.torch.functions import (
     broadcast_parameters,
 )
 from dlcomm.torch.heterogeneity.lbbsp import BalancedBatchSampler
+from dlcomm.torch.layerwise import LAMB, LARS, exclude_bias_and_norm
+from dlcomm.torch.loss_scaler import LossScaler
+from dlcomm.torch.lr_warmup import warmup_decay_factor, warmup_lr_scheduler
 from dlcomm.torch.mpi_ops import (
     Handle,
     allgather,
@@ -72,7 +75,8 @@ from dlcomm.training_timeline import timeline_range
 
 __all__ = [
     "Adasum", "Average", "BalancedBatchSampler", "Compression", "Compressor", "DLCommError",
-    "DistributedOptimizer", "Handle", "HorovodInternalError", "Max", "Min", "MismatchError",
+    "DistributedOptimizer", "Handle", "HorovodInternalError", "LAMB", "LARS", "LossScaler",
+    "Max", "Min", "MismatchError",
     "ProcessSet", "Product", "ReduceOp", "ShutdownError", "StallError", "Sum", "SyncBatchNorm",
     "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async",
@@ -84,5 +88,6 @@ __all__ = [
     "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
     "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
     "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
-    "synchronize", "timeline_range",
+    "synchronize", "timeline_range", "exclude_bias_and_norm", "warmup_decay_factor",
+    "warmup_lr_scheduler",
 ]

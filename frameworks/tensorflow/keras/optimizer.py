@@ -4,7 +4,10 @@ Keras 3's ``Model.fit`` (TensorFlow backend) calls ``optimizer.apply_gradients``
 ``optimizer.apply(grads, variables)``; user loops call either. The wrapper overrides
 ``apply``: it all-reduces the gradients (one trip to the core, see ``gradient_allreduce``)
 and hands them to the wrapped optimizer's own ``apply``, so clipping, weight decay, loss
-scaling and EMA see the averaged gradients, as in Horovod. With
+scaling and EMA see the averaged gradients, as in Horovod. A ``LossScaleOptimizer`` is
+accepted: a flag saying whether this rank's local gradients held an inf/NaN travels in the
+same all-reduce as the gradients, and the wrapper's ``check_finite`` fails on every rank when
+any rank's flag was set, so all ranks skip the same steps and keep the same scale. With
 ``backward_passes_per_step=N`` gradients are summed locally in optimizer variables and
 all-reduced and applied every N-th call only.
 """
@@ -32,6 +35,7 @@ class _Settings:
         self.average_aggregated = average_aggregated
         self.accumulators: list[Any] = []
         self.local_step: Any = None
+        self.any_rank_overflowed: Any = None  # set while a LossScaleOptimizer applies
 
 
 class _DistributedOptimizer:
@@ -58,6 +62,8 @@ class _DistributedOptimizer:
             variables = list(self._trainable_variables)
         else:
             variables = list(trainable_variables)
+        if isinstance(self, keras.optimizers.LossScaleOptimizer):
+            return self._apply_agreed_loss_scaling(grads, variables)
         if s.passes == 1:
             return base.apply(s.allreducer(grads, variables), variables)
         if not self.built:
@@ -83,6 +89,37 @@ class _DistributedOptimizer:
         return None
 
 
+    def _apply_agreed_loss_scaling(self, grads: list[Any], variables: list[Any]) -> Any:
+        """All-reduce the scaled gradients with one overflow flag fused into the same
+        request, so the LossScaleOptimizer skips a step (and halves its scale) on every rank
+        when any rank's local gradients held an inf/NaN, even where a compressor drops it."""
+        base = super(self.__class__, self)
+        s = self._dlcomm
+        local_finite = base.check_finite(grads)
+        flag = tf.reshape(tf.cast(tf.logical_not(local_finite), tf.float32), [1])
+        reduced = s.allreducer([*grads, flag], [*variables, _OVERFLOW_FLAG])
+        s.any_rank_overflowed = tf.reduce_any(reduced[-1] > 0)
+        try:
+            return base.apply(reduced[:-1], variables)
+        finally:
+            s.any_rank_overflowed = None
+
+    def check_finite(self, grads: Any) -> Any:
+        """The LossScaleOptimizer's check, and false when any rank overflowed this step."""
+        finite = super(self.__class__, self).check_finite(grads)
+        agreed = getattr(self._dlcomm, "any_rank_overflowed", None)
+        return finite if agreed is None else tf.logical_and(finite, tf.logical_not(agreed))
+
+
+class _OverflowFlagLabel:
+    """Names the overflow flag's slot in the gradient all-reduce (same on every rank)."""
+
+    path = "dlcomm_loss_scale_overflow"
+
+
+_OVERFLOW_FLAG = _OverflowFlagLabel()
+
+
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
                          device_dense: str = "", device_sparse: str = "",
                          compression: Any = None, sparse_as_dense: bool = False,
@@ -102,9 +139,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"optimizer must be a keras.optimizers.Optimizer instance, got "
                         f"{type(optimizer).__name__}")
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise TypeError("a LossScaleOptimizer (mixed precision) is not supported: each rank "
-                        "would skip non-finite steps on its own, so the ranks could diverge")
+    if (isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            and backward_passes_per_step > 1):
+        raise ValueError("a LossScaleOptimizer takes backward_passes_per_step=1 (accumulating "
+                         "scaled gradients over passes is not supported)")
     if (isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int)
             or backward_passes_per_step < 1):
         raise ValueError(f"backward_passes_per_step must be an int >= 1, got "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -98,6 +98,9 @@ class ScheduleBase:
         self._should_synchronize = True
         self._synchronized = False
         self._autotuner = autotuner_from_env()  # DLCOMM_AUTOTUNE=1
+        # Called with each batch of local gradients just before it is sent (the loss scaler
+        # checks them for inf/NaN there, before a compressor could drop such values).
+        self._gradient_inspectors: list[Callable[[list[torch.Tensor]], None]] = []
         self._start()
 
     def _request_prefix(self) -> str:
@@ -132,8 +135,11 @@ class ScheduleBase:
     def _submit_allreduce(self, params: list[torch.Tensor], name: str) -> Handle:
         """Start one (grouped) in-place all-reduce of these parameters' gradients."""
         pre, post = self._scales()
+        grads = [self._dense_grad(p) for p in params]
+        for inspect in self._gradient_inspectors:
+            inspect(grads)
         return start_gradient_allreduce(
-            [self._dense_grad(p) for p in params], f"{self._prefix}.{name}",
+            grads, f"{self._prefix}.{name}",
             compression=self._compression, core_compressor=self._core_compressor,
             op=self._op, prescale_factor=pre, postscale_factor=post,
             process_set=self._process_set, momentum=momentum_after_allreduce(self))
