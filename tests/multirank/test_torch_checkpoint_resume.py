@@ -1,8 +1,9 @@
 """Compression state in torch checkpoints (issue 27 item 1): a run stopped after 4 steps and
 resumed in a new process from ``optimizer.state_dict()`` (saved with ``torch.save``, loaded
 with ``torch.load(weights_only=True)``) ends with exactly the parameters of the run that went
-through all 8 steps, for every compressor with state; resuming from the same checkpoint
-without the compression state does not (so the test can fail)."""
+through all 8 steps, for every compressor with state, also after
+``broadcast_optimizer_state`` (each rank keeps its own residuals); resuming from the same
+checkpoint without the compression state does not (so the test can fail)."""
 from __future__ import annotations
 
 import numpy as np
@@ -43,6 +44,8 @@ for spec in specs:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             opt.load_state_dict(saved["optimizer"])
+        # Horovod's pattern after loading: every rank keeps its own compression state.
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
         first = 4
     last = 4 if phase == "first" else 8
     for step in range(first, last):
