@@ -12,7 +12,8 @@ from dlcomm.compression import ALLGATHER, ALLREDUCE, SPARSE_MERGE, Compressor
 
 ALL_SPECS = [
     "none", "fp16", "bf16", "topk:ratio=0.05", "topk:ratio=0.05,approx=1", "randomk:ratio=0.1",
-    "randomk:ratio=0.1,ef=0", "gtopk:ratio=0.05", "efsignsgd", "signum", "qsgd:levels=4",
+    "randomk:ratio=0.1,ef=1", "randomk:ratio=0.1,unbiased=1", "gtopk:ratio=0.05", "efsignsgd",
+    "signum", "qsgd:levels=4",
     "powersgd:rank=2", "acpsgd:rank=2", "powersgd:rank=2+fp16", "topk:ratio=0.05+bf16",
 ]
 

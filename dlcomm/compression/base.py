@@ -196,6 +196,30 @@ class Compressor:
         else:
             self.states.pop(name, None)
 
+    # -- checkpoints -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Copies of every piece of state that affects the next step, by tensor name (step
+        counters, warm-start factors; wrappers add theirs), with the spec it belongs to, so
+        that a run resumed through ``load_state_dict`` compresses exactly as the
+        uninterrupted run would have."""
+        return {"compressor": self._identity(), "states": copy_state(self.states)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (copies); ValueError if it came from another
+        compressor or is not such a dict."""
+        if not isinstance(state, dict) or "compressor" not in state or "states" not in state:
+            raise ValueError("load_state_dict expects what Compressor.state_dict() returned "
+                             "(a dict with 'compressor' and 'states')")
+        if state["compressor"] != self._identity():
+            raise ValueError(f"the checkpoint's compression state is for "
+                             f"{state['compressor']!r}, but this compressor is "
+                             f"{self._identity()!r}: build the same compressor to resume")
+        self.states = copy_state(state["states"])
+
+    def _identity(self) -> str:
+        """The class and spec, so a checkpoint is never loaded into another compressor."""
+        return f"{type(self).__name__}({self.describe()})"
+
     # -- for subclasses --------------------------------------------------------------------
     def _compress(self, tensor: object, name: str) -> tuple[list, Context]:
         raise NotImplementedError
@@ -270,5 +294,27 @@ class CompressorWrapper(Compressor):
         super().reset_state(name)
         self.inner.reset_state(name)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or "inner" not in state:
+            raise ValueError(f"the checkpoint's compression state has no 'inner' part, but "
+                             f"{self._identity()!r} wraps another compressor")
+        super().load_state_dict(state)
+        self.inner.load_state_dict(state["inner"])
+
     def describe(self) -> str:
         return self.inner.describe()
+
+
+def copy_state(state: Any) -> Any:
+    """A copy of nested per-tensor state: dicts, lists and tuples rebuilt, arrays copied,
+    numbers and strings as they are."""
+    if isinstance(state, dict):
+        return {k: copy_state(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(copy_state(v) for v in state)
+    if hasattr(state, "shape") and hasattr(state, "copy"):
+        return state.copy()
+    return state

@@ -28,6 +28,7 @@ from dlcomm.compression.base import (
     check_momentum,
     check_op,
     check_tensor,
+    copy_state,
 )
 from dlcomm.compression.sparsify import TopK, k_for
 from dlcomm.compression.topk_select import native_topk_with_residual
@@ -174,6 +175,21 @@ class ErrorFeedback(CompressorWrapper):
                 store.clear()
             else:
                 store.pop(name, None)
+
+    def state_dict(self) -> dict:
+        """Residuals (``states``), velocities, previous reduced results and the momentum, by
+        tensor name, plus the inner compressor's state."""
+        return {**super().state_dict(), "momentum": self.momentum,
+                "velocities": copy_state(self.velocities), "results": copy_state(self.results)}
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = [k for k in ("momentum", "velocities", "results") if k not in state]
+        if missing:
+            raise ValueError(f"the checkpoint's error-feedback state lacks {missing}")
+        super().load_state_dict(state)
+        self.momentum = check_momentum(state["momentum"])
+        self.velocities = copy_state(state["velocities"])
+        self.results = copy_state(state["results"])
 
     def describe(self) -> str:
         return self.inner.describe()

@@ -7,8 +7,9 @@ Spec syntax::
 
 e.g. ``"none"``, ``"topk:ratio=0.01,approx=1"``, ``"powersgd:rank=4+fp16"``, ``"qsgd:levels=8"``.
 Every compressor also takes ``ef=0|1``: wrap it in ``ErrorFeedback``. It defaults to 1 for
-topk, randomk, gtopk, efsignsgd, powersgd and acpsgd, whose convergence relies on it. For
-randomk, ``unbiased`` defaults to ``1 - ef`` (scaling by n/k fights the residual).
+topk, gtopk, efsignsgd, powersgd and acpsgd, whose convergence relies on it. randomk defaults
+to neither memory nor n/k scaling (``ef=0,unbiased=0``): both hand each element about n/k
+steps' worth of update at once, which diverges at a dense learning rate (see RandomK).
 Bypass knobs (same names as the env variables, see ``compressor_from_env``): tensors with
 fewer than ``min_compress_size`` elements, and 1-D tensors unless ``compress_1d``, go dense.
 """
@@ -47,7 +48,7 @@ REGISTRY: dict[str, Entry] = {
     "fp16": Entry(FP16Compressor, {}, False),
     "bf16": Entry(BF16Compressor, {}, False),
     "topk": Entry(TopK, {"ratio": float, "approx": bool}, True),
-    "randomk": Entry(RandomK, {"ratio": float, "seed": int, "unbiased": bool}, True),
+    "randomk": Entry(RandomK, {"ratio": float, "seed": int, "unbiased": bool}, False),
     "gtopk": Entry(GTopK, {"ratio": float}, True),
     "efsignsgd": Entry(EFSignSGD, {}, True),
     "signum": Entry(Signum, {}, False),
@@ -128,8 +129,6 @@ def get_compressor(
     name, params, cast = parse_spec(spec)
     entry = REGISTRY[name]
     ef = bool(params.pop("ef", entry.error_feedback))
-    if name == "randomk":
-        params.setdefault("unbiased", not ef)
     compressor = entry.factory(
         **params, min_compress_size=min_compress_size, compress_1d=compress_1d
     )

@@ -95,15 +95,22 @@ class TopK(Compressor):
 class RandomK(Compressor):
     """Keep ``ratio * n`` elements at indices shared by all ranks (seed, name, step).
 
-    ``unbiased=True`` scales kept values by n/k so the expectation equals the input; leave it
-    off under error feedback, where the residual already carries what was not sent.
+    The default (no scaling, and no error feedback in the registry) is, in expectation, SGD
+    on each tensor at ``k/n`` of the learning rate: slower than dense, but it trains at the
+    dense learning rate. An element is picked once every ``n/k`` steps on average (a
+    geometric wait), so error feedback hands it the residual of that many steps at once, and
+    ``unbiased=True`` scales every pick by ``n/k``: either way one step moves it about ``n/k``
+    times as far as a dense step (momentum then carries it ``1/(1-m)`` times further), which
+    diverges where dense SGD converges (issue 17). Both stay available for small learning
+    rates: ``unbiased=True`` scales kept values by n/k so the expectation equals the input;
+    leave it off under error feedback, where the residual already carries what was not sent.
     """
 
     name = "randomk"
     rounds = (ALLREDUCE,)
 
     def __init__(
-        self, ratio: float = 0.01, seed: int = 0, unbiased: bool = True, **kwargs: object
+        self, ratio: float = 0.01, seed: int = 0, unbiased: bool = False, **kwargs: object
     ) -> None:
         super().__init__(**kwargs)
         self.ratio = check_ratio(ratio)

@@ -9,6 +9,7 @@ import torch
 from dlcomm import functions as core_functions
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.torch import mpi_ops
+from dlcomm.torch.compression_state import COMPRESSION_STATE_KEY
 
 
 def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[Any], root_rank: int = 0,
@@ -31,11 +32,13 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[Any], roo
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
                               process_set: ProcessSet = global_process_set) -> None:
-    """Give every rank root's optimizer state (moments, step counts, hyper-parameters)."""
+    """Give every rank root's optimizer state (moments, step counts, hyper-parameters).
+    Each rank keeps its own compression state (error-feedback residuals differ per rank)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    mine = optimizer.state_dict()
+    mine = dict(optimizer.state_dict())
+    own_compression_state = mine.pop(COMPRESSION_STATE_KEY, None)
     is_root = process_set.rank() == root_rank
     state = core_functions.broadcast_object(mine if is_root else None, root_rank,
                                             name="broadcast.optimizer_state",
@@ -46,6 +49,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         if groups_root != groups_mine:
             raise ValueError(f"optimizer parameter groups differ from rank {root_rank}'s: "
                              f"{groups_mine} parameters per group here, {groups_root} there")
+        if own_compression_state is not None:
+            state = {**state, COMPRESSION_STATE_KEY: own_compression_state}
         optimizer.load_state_dict(state)
 
 

@@ -175,7 +175,8 @@ def test_qsgd_is_unbiased_and_on_the_level_grid():
 
 
 # -- error feedback --------------------------------------------------------------------------
-EF_SPECS = ["topk:ratio=0.05", "topk:ratio=0.05,approx=1", "randomk:ratio=0.1", "gtopk:ratio=0.05",
+EF_SPECS = ["topk:ratio=0.05", "topk:ratio=0.05,approx=1", "randomk:ratio=0.1,ef=1",
+            "gtopk:ratio=0.05",
             "efsignsgd", "powersgd:rank=2", "acpsgd:rank=2", "powersgd:rank=1+fp16",
             "qsgd:levels=2,ef=1", "signum:ef=1", "bf16:ef=1"]
 
@@ -271,11 +272,12 @@ def test_small_and_1d_tensors_bypass_compression():
 
 # -- registry and validation -----------------------------------------------------------------
 def test_registry_builds_every_compressor_with_default_error_feedback():
-    needs_ef = {"topk", "randomk", "gtopk", "efsignsgd", "powersgd", "acpsgd"}
+    needs_ef = {"topk", "gtopk", "efsignsgd", "powersgd", "acpsgd"}
     for name in available_compressors():
         assert isinstance(get_compressor(name), ErrorFeedback) == (name in needs_ef), name
-    assert get_compressor("randomk").inner.unbiased is False
-    assert get_compressor("randomk:ef=0").unbiased is True
+    assert get_compressor("randomk").unbiased is False  # neither memory nor n/k (issue 17)
+    assert get_compressor("randomk:ef=1").inner.unbiased is False
+    assert get_compressor("randomk:unbiased=1").unbiased is True
     c = get_compressor("powersgd:rank=4+fp16")
     assert c.summable and c.inner.cast == "fp16" and c.inner.inner.rank == 4
     assert get_compressor(" TopK : ratio=0.5 , approx=1").inner.approx

@@ -82,7 +82,7 @@ def test_the_optimizers_momentum_buffer_equals_the_reduced_velocity():
 
 def test_without_momentum_error_feedback_is_unchanged_bit_for_bit():
     for spec in ("topk:ratio=0.05", "efsignsgd", "acpsgd:rank=2", "gtopk:ratio=0.05",
-                 "powersgd:rank=2+fp16", "randomk:ratio=0.1"):
+                 "powersgd:rank=2+fp16", "randomk:ratio=0.1,ef=1"):
         plain = [get_compressor(spec, min_compress_size=0) for _ in range(2)]
         zero = [make(spec, 0.0) for _ in range(2)]
         for step in range(4):

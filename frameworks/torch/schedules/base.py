@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from dlcomm.mpi_ops import Handle
 from dlcomm.ops import Average, ReduceOp
 from dlcomm.process_sets import ProcessSet
 from dlcomm.torch.compression import CoreCompressor
+from dlcomm.torch.compression_state import COMPRESSION_STATE_KEY, to_numpy, to_torch
 from dlcomm.torch.gradient_allreduce import momentum_after_allreduce, start_gradient_allreduce
 
 _instances = itertools.count()  # optimizers are built in the same order on every rank
@@ -181,6 +183,38 @@ class ScheduleBase:
         result = self._base_step(closure)
         self._record_step_for_autotune()
         return result
+
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state and, under ``dlcomm_compression``, the compressor's
+        (residuals, low-rank factors, step counters, by tensor name): what a run resumed
+        through ``load_state_dict`` needs to continue exactly as the uninterrupted run."""
+        if self._pending:
+            raise RuntimeError("optimizer.state_dict() was called while gradients are being "
+                               "all-reduced (after backward, before step()); call it after "
+                               "optimizer.step()")
+        state = self._optimizer_class.state_dict(self)
+        if self._core_compressor is not None:
+            state[COMPRESSION_STATE_KEY] = to_torch(self._core_compressor.state_dict())
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load what ``state_dict`` returned. A checkpoint without compression state (a plain
+        optimizer's) starts the compressor afresh, with a warning: the run then is not the
+        uninterrupted one."""
+        state = dict(state_dict)
+        compression_state = state.pop(COMPRESSION_STATE_KEY, None)
+        if self._core_compressor is not None:
+            if compression_state is None:
+                warnings.warn("the checkpoint holds no compression state (saved by a plain "
+                              "optimizer or without compression): error-feedback residuals "
+                              "and low-rank factors start from zero", stacklevel=2)
+                self._core_compressor.reset_state()
+            else:
+                self._core_compressor.load_state_dict(to_numpy(compression_state))
+        elif compression_state is not None:
+            warnings.warn("the checkpoint holds compression state, but this optimizer does "
+                          "not compress: it is ignored", stacklevel=2)
+        self._optimizer_class.load_state_dict(self, state)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._pending:

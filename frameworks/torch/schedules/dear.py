@@ -247,11 +247,11 @@ class DeARSchedule(ScheduleBase):
 
     def state_dict(self) -> dict:
         self.flush()
-        return self._optimizer_class.state_dict(self)
+        return super().state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.flush()
-        return self._optimizer_class.load_state_dict(self, state_dict)
+        return super().load_state_dict(state_dict)
 
     def close(self) -> None:
         """Flush and remove the hooks (the optimizer then no longer trains)."""

@@ -1,0 +1,37 @@
+"""The compressor's state inside a torch optimizer checkpoint (issue 27).
+
+``DistributedOptimizer.state_dict()`` stores the core compressor's ``state_dict`` (error
+feedback residuals, low-rank factors, step counters, by request name) under
+``COMPRESSION_STATE_KEY``, numpy arrays turned into torch tensors so that ``torch.save`` and
+``torch.load(weights_only=True)`` carry it; loading turns them back.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+COMPRESSION_STATE_KEY = "dlcomm_compression"
+
+
+def to_torch(state: Any) -> Any:
+    """``state`` with every numpy array replaced by a torch tensor (a copy)."""
+    if isinstance(state, dict):
+        return {k: to_torch(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(to_torch(v) for v in state)
+    if isinstance(state, np.ndarray):
+        return torch.from_numpy(state.copy())
+    return state
+
+
+def to_numpy(state: Any) -> Any:
+    """``state`` with every torch tensor replaced by a numpy array (a copy, on the host)."""
+    if isinstance(state, dict):
+        return {k: to_numpy(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(to_numpy(v) for v in state)
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu().numpy().copy()
+    return state
