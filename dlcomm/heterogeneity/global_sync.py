@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.collectives.ordered import ordered_allreduce
 from dlcomm.comm.polling import wait_polling
 from dlcomm.errors import MismatchError
 from dlcomm.heterogeneity.world_comm import base_comm
@@ -135,6 +134,10 @@ class GlobalSyncPoints:
 
 def _average(comm: Any, arrays: list[np.ndarray]) -> None:
     """Average same-dtype ``arrays`` over ``comm`` in place (float16 summed in float32)."""
+    # The collectives load the transport, whose import starts MPI: `import dlcomm.torch`
+    # must not (a launcher process imports it too).
+    from dlcomm.collectives.ordered import ordered_allreduce  # noqa: PLC0415 - MPI start-up
+
     if not arrays:
         return
     dtype = arrays[0].dtype

@@ -98,7 +98,7 @@ def test_low_rank_masking_removes_the_sent_subspace_from_the_velocity():
     Q = acc^T P^ (left projection onto P^ = orth(reduced P)): the velocity loses exactly
     that projection, u - u Q^ Q^T and then u - P^ P^T u."""
     c = make("acpsgd:rank=3")
-    from test_compression_reference import lowrank_factor
+    from compression_reference import lowrank_factor
 
     q_hat, _ = np.linalg.qr(lowrank_factor(0, "w", 0, (10, 3)))
     g0, g1 = grads(1, 0)[0], grads(1, 1)[0]
