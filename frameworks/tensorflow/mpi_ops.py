@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from dlcomm import mpi_ops as core
+from dlcomm.basics import rank
 from dlcomm.ops import Average, ReduceOp, Sum, as_reduce_op
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.tensorflow.compression import Compression, split
@@ -38,16 +39,6 @@ def _check_process_set(process_set: ProcessSet) -> ProcessSet:
         raise TypeError(f"process_set must be a dlcomm.ProcessSet, got "
                         f"{type(process_set).__name__}")
     return process_set
-
-
-def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
-    """Validate ``root_rank`` now, not when a graph runs."""
-    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
-        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
-    n = process_set.size()
-    if not 0 <= int(root_rank) < n:
-        raise ValueError(f"root_rank {root_rank} is out of range for a process set of {n} ranks")
-    return int(root_rank)
 
 
 def _rows_shape(tensor: tf.Tensor) -> tf.TensorShape:
@@ -193,7 +184,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Return ``root_rank``'s tensor on every rank."""
     _check_process_set(process_set)
-    root = _check_root(root_rank, process_set)
+    root = core.check_root_rank(root_rank, process_set)  # validated now, not when a graph runs
     t = as_tensor(tensor)
     req = collective_name("broadcast", name)
 
@@ -209,7 +200,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
         def grad(dy: tf.Tensor) -> tf.Tensor:  # only the root's input reaches the outputs
             summed = _allreduce_dense(tf.convert_to_tensor(dy), None, Sum, 1.0, 1.0,
                                       process_set, None)
-            return summed if process_set.rank() == root else tf.zeros_like(summed)
+            return summed if rank() == root else tf.zeros_like(summed)
         return run(x), grad
 
     return differentiable(t)
