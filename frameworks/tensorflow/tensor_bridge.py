@@ -22,6 +22,8 @@ _MOVABLE = (tf.int8, tf.uint8, tf.int16, tf.uint16, tf.int32, tf.uint32, tf.int6
             tf.float16, tf.float32, tf.float64, tf.bool)
 _REDUCIBLE = tuple(d for d in _MOVABLE if d != tf.bool)
 _graph_counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_graph_labels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_graph_numbers = itertools.count()
 
 # The adapter's Python runs as is inside tf.function: its branches are on Python values.
 not_converted = tf.autograph.experimental.do_not_convert
@@ -88,4 +90,16 @@ def collective_name(kind: str, name: str | None) -> str | None:
         return None
     graph = tf.compat.v1.get_default_graph()
     counter = _graph_counters.setdefault(graph, itertools.count())
-    return f"{kind}.{graph.name}.{next(counter)}"
+    return f"{kind}.{_graph_label(graph)}.{next(counter)}"
+
+
+def _graph_label(graph: Any) -> str:
+    """A ``tf.function``'s graph by its name; a TF1 graph (no name) by the order in which
+    this process first built a collective in it, the same on every rank."""
+    name = getattr(graph, "name", None)
+    if name:
+        return name
+    label = _graph_labels.get(graph)
+    if label is None:
+        label = _graph_labels[graph] = f"graph{next(_graph_numbers)}"
+    return label
