@@ -26,6 +26,8 @@ from dlcomm.basics import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from dlcomm.engine.request import Handle
 from dlcomm.errors import (
@@ -76,5 +78,5 @@ __all__ = [
     "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled",
     "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
     "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
-    "synchronize", "timeline_range",
+    "start_timeline", "stop_timeline", "synchronize", "timeline_range",
 ]

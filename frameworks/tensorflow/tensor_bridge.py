@@ -5,7 +5,8 @@ back as a tensor. In a graph (``tf.function``, Keras ``fit``) the same Python co
 ``tf.numpy_function`` op: TensorFlow calls back into Python with numpy arrays when the op
 executes. That costs a host copy per tensor and the GIL, and the graph cannot overlap the
 collective with other ops (see docs/tensorflow.md). ``numpy_function`` ops are stateful, so
-``tf.function``'s automatic control dependencies run them in program order on every rank.
+``tf.function``'s automatic control dependencies run them in program order on every rank; in
+a TF1 graph (``tf.compat.v1`` sessions) the adapter chains them in the order they were built.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ _REDUCIBLE = tuple(d for d in _MOVABLE if d != tf.bool)
 _graph_counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _graph_labels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _graph_numbers = itertools.count()
+_last_collective: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # The adapter's Python runs as is inside tf.function: its branches are on Python values.
 not_converted = tf.autograph.experimental.do_not_convert
@@ -67,8 +69,18 @@ def call_core(fn: Callable[[list[np.ndarray]], Sequence[np.ndarray]],
     if tf.executing_eagerly():
         outs = [tf.convert_to_tensor(r) for r in body(*[t.numpy() for t in casted])]
     else:
-        outs = tf.numpy_function(body, casted, wire_out, stateful=True, name="dlcomm_core")
+        graph = tf.compat.v1.get_default_graph()
+        # A TF1 graph (no tf.function) gets no automatic control dependencies: its executor
+        # would run independent collectives in a different order on each rank, one at a
+        # time (TensorFlow serialises Python ops), and two ranks each blocked in a different
+        # collective never finish. Chained in the order they were built, they run in that
+        # order everywhere.
+        previous = [] if tf.inside_function() else _last_collective.get(graph, [])
+        with tf.control_dependencies(previous):
+            outs = tf.numpy_function(body, casted, wire_out, stateful=True, name="dlcomm_core")
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        if not tf.inside_function():
+            _last_collective[graph] = [outs[0].op]
         for out, shape in zip(outs, out_shapes):
             out.set_shape(shape)
     return [tf.cast(o, d) if o.dtype != d else o for o, d in zip(outs, out_dtypes)]

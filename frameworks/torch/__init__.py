@@ -23,6 +23,8 @@ from dlcomm.basics import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from dlcomm.errors import (
     DLCommError,
@@ -90,5 +92,6 @@ __all__ = [
     "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built",
     "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
     "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
-    "sparse_allreduce_async", "synchronize", "timeline_range",
+    "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize",
+    "timeline_range",
 ]
