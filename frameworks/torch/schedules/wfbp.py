@@ -123,6 +123,18 @@ class WFBPSchedule(ScheduleBase):
             self._delay[p] = self._passes
         self._synchronized = True
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes are accumulated before the all-reduce (Horovod's
+        method; every rank must call it at the same step)."""
+        if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+            raise ValueError(f"backward_passes_per_step must be an int >= 1, got {passes!r}")
+        if self._pending:
+            raise RuntimeError("set_backward_passes_per_step() between backward() and step(): "
+                               "call it after step()")
+        self._passes = passes
+        for p in self._delay:
+            self._delay[p] = passes
+
     def _synchronize_for_step(self) -> None:
         if self._synchronized:
             warnings.warn(
