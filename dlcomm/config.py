@@ -112,15 +112,26 @@ KNOBS: tuple[Knob, ...] = (
     Knob("build_native", True, parse_bool,
          "Build the native kernels during pip install (0 skips; numpy is used instead).",
          where="setup.py"),
-    Knob("allreduce_algorithm", "ordered", str,
-         "All-reduce algorithm of dlcomm.collectives: ordered (every element summed in rank "
-         "order, so all-reduce and reduce-scatter + all-gather give the same bits and every "
-         "schedule the same model; the engine's reduce-scatter follows it), mpi (MPI's own, "
-         "whose order depends on message size and position; 'native' is accepted too), ring, "
-         "rhd, tree, hierarchical (see docs/collectives.md). ring kept one slow link busy "
-         "where MPI's own left it idle a quarter of the time (docs/heterogeneity.md, DLCP "
-         "fifth round).",
+    Knob("allreduce_algorithm", "auto", str,
+         "All-reduce algorithm of dlcomm.collectives: auto (ordered or pipelined, chosen per "
+         "message size by a cost model measured at the first all-reduce; both reduce every "
+         "element in rank order, so all-reduce and reduce-scatter + all-gather give the same "
+         "bits and every schedule the same model; the engine's reduce-scatter follows it), "
+         "ordered (MPI's all-to-all, a rank-order reduction, MPI's all-gather), pipelined "
+         "(the same bits, segments sent, reduced and returned overlapped), fastest (auto's "
+         "choice among every algorithm, mpi/ring/rhd/hierarchical included: results then "
+         "depend on message size and fusion, equal to float tolerance only), mpi (MPI's own; "
+         "'native' is accepted too), ring, rhd, tree, hierarchical (see docs/collectives.md).",
          where="get_allreduce_algorithm"),
+    Knob("allreduce_segment_bytes", 1 << 20, parse_bytes,
+         "Largest message of the pipelined all-reduce (suffixes k, M allowed); raised where a "
+         "block would have more than 32 segments. The same on every rank.",
+         where="pipelined_allreduce"),
+    Knob("allreduce_model_cache", "", str,
+         "Directory where auto/fastest keep the cost model measured per topology (rank "
+         "count, each rank's host, the emulated network), so later jobs skip the measurement; "
+         "empty: ~/.cache/dlcomm/allreduce; 'off': measure in every job.",
+         where="AutoAllreduce"),
     Knob("hierarchical_leader_algorithm", "ring", str,
          "Algorithm among host leaders inside the hierarchical all-reduce.",
          where="HierarchicalAllreduce"),
@@ -183,6 +194,31 @@ KNOBS: tuple[Knob, ...] = (
          "cost, longest first to the rank that finishes it earliest, then moves and swaps "
          "off the busiest rank) or static (equal-count pieces of the sampled order).",
          where="dlcomm.fl.Simulation"),
+    Knob("split_activation_codec", "none", str,
+         "How split fine-tuning compresses the activation the edge sends the cloud: none, "
+         "fp16, lowrank:rank=R or lowrank:energy=E (per-batch low-rank factors), "
+         "topk:ratio=R; ',memory=delta' adds the per-sample correction (see docs/split.md).",
+         where="dlcomm.torch.split.SplitModel"),
+    Knob("split_gradient_codec", "none", str,
+         "How split fine-tuning compresses the activation's gradient the cloud sends back "
+         "(same codecs; ',memory=feedback' adds per-sample error feedback).",
+         where="dlcomm.torch.split.SplitModel"),
+    Knob("split_micro_batches", 1, _positive_int,
+         "Pieces each split fine-tuning batch is cut into, so the edge computes the next "
+         "piece while the previous one crosses the link and the cloud works on it.",
+         where="dlcomm.torch.split.SplitModel"),
+    Knob("split_labels", "cloud", str,
+         "Where split fine-tuning computes the loss: cloud (the edge sends the labels) or "
+         "edge (the cloud sends its output back and the labels never leave the edge).",
+         where="dlcomm.torch.split.SplitModel"),
+    Knob("split_links", "keep", str,
+         "What split fine-tuning does with connections other than the split point's output "
+         "that would cross the split (residuals): keep (send them too), reroute (move the "
+         "parameter-free operations that join them to the edge, exact) or eliminate (drop the "
+         "residual additions on the cloud side).", where="dlcomm.torch.split.SplitModel"),
+    Knob("split_cloud_rank", 0, lambda t: int(t),
+         "The rank that runs the cloud part of a split model; every other rank is an edge.",
+         where="dlcomm.torch.split.SplitModel"),
 )
 
 # Knobs read where they are used (compression, collectives), not by init().
@@ -205,6 +241,25 @@ class Config:
     backend: str
     log_level: str
     compression: str
+
+
+def knob_value(name: str, argument: Any = None) -> Any:
+    """The value of knob ``name`` read where it is used (not by ``init()``): ``argument``
+    unless None, else ``DLCOMM_<NAME>``, else the default; a bad value raises ValueError
+    naming where it came from."""
+    knob = KNOB_BY_NAME[name]
+    if argument is not None:
+        raw, source = argument, f"argument {name}="
+    elif knob.env in os.environ:
+        raw, source = os.environ[knob.env], f"environment variable {knob.env}"
+    else:
+        return knob.default
+    if not isinstance(raw, str) and isinstance(raw, type(knob.default)):
+        return raw
+    try:
+        return knob.parse(str(raw))
+    except ValueError as exc:
+        raise ValueError(f"bad value {raw!r} for {source}: {exc}") from None
 
 
 def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:

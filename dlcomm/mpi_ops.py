@@ -184,6 +184,53 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = No
                    grouped=_grouped, compressor=compressor)
 
 
+def allreduce_async_batch(tensors: Sequence[np.ndarray], names: Sequence[str],
+                          op: ReduceOp = Average, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0,
+                          process_set: ProcessSet = global_process_set,
+                          outputs: Sequence[np.ndarray | None] | None = None,
+                          compression: Any = "none") -> list[Handle]:
+    """Start one all-reduce per tensor, each under its own name with its own handle, in one
+    submission: what a backward hook calls with the gradients that became ready together.
+
+    Unlike ``grouped_allreduce_async`` the tensors are separate requests, negotiated by
+    name, so ranks may batch them differently; the engine still fuses those ready in the
+    same cycle. The shared arguments are checked once, and the engine is woken once. The
+    same ``compression`` (spec or ``Compressor``) applies to every tensor, each with its
+    own state. Returns the handles in the order of ``tensors``.
+    """
+    if isinstance(tensors, np.ndarray) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"tensors must be a list of numpy arrays, got {type(tensors).__name__}")
+    if isinstance(names, str) or not isinstance(names, (list, tuple)):
+        raise TypeError(f"names must be a list of str (one per tensor), got "
+                        f"{type(names).__name__}")
+    if len(names) != len(tensors):
+        raise ValueError(f"got {len(names)} names for {len(tensors)} tensors")
+    if outputs is not None and len(outputs) != len(tensors):
+        raise ValueError(f"got {len(outputs)} outputs for {len(tensors)} tensors")
+    if not tensors:
+        return []
+    op = as_reduce_op(op)
+    set_id = _check_process_set(process_set)
+    pre = _check_factor(prescale_factor, "prescale_factor")
+    post = _check_factor(postscale_factor, "postscale_factor")
+    if isinstance(compression, str) and compression != "none":
+        compression = get_compressor(compression)  # one object: state is kept per name
+    requests = []
+    for i, (tensor, name) in enumerate(zip(tensors, names)):
+        array = _check_array(tensor, f"tensors[{i}]", _REDUCIBLE)
+        given = None if outputs is None else outputs[i]
+        out = None if given is None else _check_output(given, array)
+        spec, compressor = _check_compression(compression, [array])
+        if compressor is not None and op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+            raise ValueError(f"compression works with op Sum or Average, got {op!r}")
+        sig = Signature(Kind.ALLREDUCE, set_id, array.dtype.str, (array.shape,), op.value, -1,
+                        pre, post, spec, device=is_device_array(array))
+        requests.append(Request(_check_name(name, "allreduce"), sig, [array], [out],
+                                compressor=compressor))
+    return basics.state().engine.submit_many(requests)
+
+
 def grouped_allreduce(tensors: Sequence[np.ndarray], name: str | None = None,
                       op: ReduceOp = Average, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,

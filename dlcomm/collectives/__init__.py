@@ -2,11 +2,13 @@
 
 Ring, recursive halving-doubling (Rabenseifner), binomial tree, ring reduce-scatter and
 all-gather with per-rank counts, a hierarchical all-reduce (reduce inside each host,
-all-reduce among host leaders, broadcast inside each host), and the ``ordered`` all-reduce
-and reduce-scatter that reduce every element in rank order. Every all-reduce has the
+all-reduce among host leaders, broadcast inside each host), the ``ordered`` all-reduce and
+reduce-scatter that reduce every element in rank order, ``pipelined`` (``ordered``'s bits
+with segments overlapped on non-blocking messages), and ``auto`` / ``fastest``, which pick
+one per message size from a cost model measured at first use. Every all-reduce has the
 signature ``algorithm(comm, sendbuf, recvbuf, op) -> recvbuf`` on contiguous 1-D numpy
 arrays, where ``comm`` is a ``dlcomm.comm`` communicator or an mpi4py intracommunicator, and
-``DLCOMM_ALLREDUCE_ALGORITHM`` picks one by name (default ``ordered``; ``mpi`` = MPI's own,
+``DLCOMM_ALLREDUCE_ALGORITHM`` picks one by name (default ``auto``; ``mpi`` = MPI's own,
 ``native`` its earlier name, still accepted). See docs/collectives.md.
 
 Names are imported lazily: the transport imports ``mpi4py.MPI``, which initialises MPI, and a
@@ -27,6 +29,13 @@ _EXPORTS = {
     "native_allreduce": "mpi_allreduce",
     "ordered_allreduce": "ordered",
     "ordered_reduce_scatter": "ordered",
+    "pipelined_allreduce": "pipelined",
+    "AutoAllreduce": "selection",
+    "CostModel": "selection",
+    "auto_allreduce": "selection",
+    "built_model": "selection",
+    "cached_auto_allreduce": "selection",
+    "fastest_allreduce": "selection",
     "SUPPORTED_OPS": "reduction",
     "as_collective_op": "reduction",
     "reduction_ufunc": "reduction",

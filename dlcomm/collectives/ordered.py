@@ -37,7 +37,7 @@ from dlcomm.ops import ReduceOp
 SMALL_GATHER_BYTES = 64 * 1024
 
 
-def _reduce_in_rank_order(blocks: np.ndarray, out: np.ndarray, ufunc: np.ufunc) -> None:
+def reduce_in_rank_order(blocks: np.ndarray, out: np.ndarray, ufunc: np.ufunc) -> None:
     """``out = blocks[0]``, then ``out = ufunc(blocks[j], out)`` for j = 1..p-1: every element
     reduced in rank order. (The operand order matters only for which NaN payload survives;
     it is the native float16 sum's, and MPI's for a user op: incoming first.)"""
@@ -83,7 +83,7 @@ def ordered_reduce_scatter(
     mine = counts[rank]
     copies = np.empty((size, mine), dtype=send.dtype)  # copies[j]: rank j's block `rank`
     comm.alltoallv(send, list(counts), copies.reshape(-1), [mine] * size)
-    _reduce_in_rank_order(copies, recv, ufunc)
+    reduce_in_rank_order(copies, recv, ufunc)
     return recv
 
 
@@ -112,7 +112,7 @@ def ordered_allreduce(
     if send.nbytes * size <= SMALL_GATHER_BYTES:
         copies = np.empty((size, send.size), dtype=send.dtype)
         comm.allgatherv(send, copies.reshape(-1), [send.size] * size)
-        _reduce_in_rank_order(copies, recv, ufunc)
+        reduce_in_rank_order(copies, recv, ufunc)
         return recv
     counts = equal_counts(send.size, size)
     block = np.empty(counts[comm.rank], dtype=send.dtype)

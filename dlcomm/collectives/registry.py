@@ -2,8 +2,9 @@
 
 Every entry has the signature ``algorithm(comm, sendbuf, recvbuf, op) -> recvbuf``, so the
 engine can swap them without knowing which one runs. An algorithm whose reduce-scatter must
-reduce like its all-reduce (``ordered``) names that reduce-scatter in ``REDUCE_SCATTERS``;
-the engine's reduce-scatter then uses it, others use MPI's own.
+reduce like its all-reduce (the rank-order ones: ``auto``, ``ordered``, ``pipelined``) names
+that reduce-scatter in ``REDUCE_SCATTERS``; the engine's reduce-scatter then uses it, others
+use MPI's own.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.hierarchical import hierarchical_allreduce
 from dlcomm.collectives.mpi_allreduce import mpi_allreduce
 from dlcomm.collectives.ordered import ordered_allreduce, ordered_reduce_scatter
+from dlcomm.collectives.pipelined import pipelined_allreduce
 from dlcomm.collectives.ring import ring_allreduce
+from dlcomm.collectives.selection import auto_allreduce, fastest_allreduce
 from dlcomm.collectives.tree import tree_allreduce
 from dlcomm.ops import ReduceOp
 
@@ -26,18 +29,25 @@ ReduceScatterAlgorithm = Callable[
     [CommLike, np.ndarray, np.ndarray, Sequence[int], "ReduceOp | str"], np.ndarray]
 
 ALLREDUCE_ALGORITHMS: dict[str, AllreduceAlgorithm] = {
+    "auto": auto_allreduce,
     "ordered": ordered_allreduce,
+    "pipelined": pipelined_allreduce,
     "mpi": mpi_allreduce,
     "ring": ring_allreduce,
     "rhd": rhd_allreduce,
     "tree": tree_allreduce,
     "hierarchical": hierarchical_allreduce,
+    "fastest": fastest_allreduce,
 }
 ALLREDUCE_ALGORITHM_ENV = "DLCOMM_ALLREDUCE_ALGORITHM"
-DEFAULT_ALLREDUCE_ALGORITHM = "ordered"
+DEFAULT_ALLREDUCE_ALGORITHM = "auto"
 ALIASES = {"native": "mpi"}  # earlier names, still accepted
-# The reduce-scatter that reduces exactly like the all-reduce of the same name.
-REDUCE_SCATTERS: dict[str, ReduceScatterAlgorithm] = {"ordered": ordered_reduce_scatter}
+# The reduce-scatter that reduces exactly like the all-reduce of the same name: every
+# rank-order algorithm pairs with ordered's, so a reduce-scatter + all-gather (DeAR) gives
+# the all-reduce's bits.
+REDUCE_SCATTERS: dict[str, ReduceScatterAlgorithm] = {
+    "auto": ordered_reduce_scatter, "ordered": ordered_reduce_scatter,
+    "pipelined": ordered_reduce_scatter}
 
 
 def get_allreduce_algorithm(allreduce_algorithm: str) -> AllreduceAlgorithm:
@@ -59,7 +69,7 @@ def get_allreduce_algorithm(allreduce_algorithm: str) -> AllreduceAlgorithm:
 
 
 def algorithm_name_from_env(environ: Mapping[str, str] | None = None) -> str:
-    """The algorithm name in ``DLCOMM_ALLREDUCE_ALGORITHM`` (default ``ordered``), validated;
+    """The algorithm name in ``DLCOMM_ALLREDUCE_ALGORITHM`` (default ``auto``), validated;
     an earlier name comes back as the current one (``native`` -> ``mpi``)."""
     environ = os.environ if environ is None else environ
     raw = environ.get(ALLREDUCE_ALGORITHM_ENV, "").strip() or DEFAULT_ALLREDUCE_ALGORITHM
@@ -71,5 +81,5 @@ def algorithm_name_from_env(environ: Mapping[str, str] | None = None) -> str:
 
 
 def algorithm_from_env(environ: Mapping[str, str] | None = None) -> AllreduceAlgorithm:
-    """The all-reduce function that ``DLCOMM_ALLREDUCE_ALGORITHM`` names (default ``ordered``)."""
+    """The all-reduce function that ``DLCOMM_ALLREDUCE_ALGORITHM`` names (default ``auto``)."""
     return get_allreduce_algorithm(algorithm_name_from_env(environ))

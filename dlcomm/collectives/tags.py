@@ -21,3 +21,7 @@ class CollectiveTag(enum.IntEnum):
     RHD_UNFOLD = 21014        # partners hand the result back to the extra ranks
     TREE_REDUCE = 21021
     TREE_BROADCAST = 21022
+    # pipelined: one tag per segment index k (tag + k, k < 64), so a segment's message can
+    # only meet that segment's receive whatever order the receives are posted in
+    PIPELINED_SCATTER = 21100  # every rank's copy of segment k to the block's owner
+    PIPELINED_GATHER = 21200  # the reduced segment k from the block's owner to every rank

@@ -1,9 +1,10 @@
 """Byte counting as a communicator wrapper: what ``dlcomm.bytes_sent()`` reports.
 
 ``CountingCommunicator`` passes every call to the communicator it wraps and adds the payload
-bytes this rank contributes (the send buffer; a broadcast's buffer on its root only) to a
-``ByteCounter`` shared by all of a job's wrappers. Negotiation messages are not payload and
-go through unwrapped communicators.
+bytes this rank contributes (the send buffer; a broadcast's buffer on its root only; a
+point-to-point message's buffer) to a ``ByteCounter`` shared by all of a job's wrappers (or
+its own: split fine-tuning's link counts the bytes across the split apart). Negotiation
+messages are not payload and go through unwrapped communicators.
 """
 from __future__ import annotations
 
@@ -69,3 +70,18 @@ class CountingCommunicator:
     def sendrecv(self, arr: Any, peer: int) -> Any:
         self.counter.total += arr.nbytes
         return self.inner.sendrecv(arr, peer)
+
+    # --- point-to-point (split fine-tuning's link) -------------------------------------------
+    def send(self, buf: Any, dest: int, tag: int) -> None:
+        self.inner.send(buf, dest, tag)
+        self.counter.total += buf.nbytes
+
+    def isend(self, buf: Any, dest: int, tag: int) -> Any:
+        request = self.inner.isend(buf, dest, tag)
+        self.counter.total += buf.nbytes
+        return request
+
+    def sendrecv_into(self, sendbuf: Any, dest: int, recvbuf: Any, source: int,
+                      tag: int) -> None:
+        self.inner.sendrecv_into(sendbuf, dest, recvbuf, source, tag)
+        self.counter.total += sendbuf.nbytes

@@ -131,6 +131,46 @@ class MPIRequest:
         return bool(self._req.Test())
 
 
+class MPIRequestList:
+    """Non-blocking operations waited on together: ``add`` each with a key, ``wait_some``
+    blocks (in ``MPI_Waitsome``, the GIL released) until at least one completes and returns
+    the keys of those that did. Completed entries are dropped from the list now and then, so
+    a long pipeline of messages keeps every wait proportional to what is still pending."""
+
+    __slots__ = ("_raw", "_keys", "_held", "pending")
+
+    def __init__(self) -> None:
+        self._raw: list[MPI.Request] = []
+        self._keys: list[Any] = []
+        self._held: list[Any] = []  # the MPIRequests: they keep their buffers alive
+        self.pending = 0
+
+    def add(self, request: MPIRequest, key: Any) -> None:
+        """Wait for ``request`` (from ``isend``/``irecv``) as part of this list."""
+        self._raw.append(request._req)
+        self._keys.append(key)
+        self._held.append(request)
+        self.pending += 1
+
+    @_raising_transport_errors
+    def wait_some(self) -> list[Any]:
+        """Keys of the requests that completed; blocks until there is at least one. An empty
+        list when nothing is pending."""
+        if not self.pending:
+            return []
+        done = MPI.Request.Waitsome(self._raw) or []
+        keys = [self._keys[i] for i in done]
+        for i in done:
+            self._held[i] = None
+        self.pending -= len(done)
+        if len(self._raw) > 16 and self.pending * 2 < len(self._raw):
+            live = [i for i, r in enumerate(self._raw) if r != MPI.REQUEST_NULL]
+            self._raw = [self._raw[i] for i in live]
+            self._keys = [self._keys[i] for i in live]
+            self._held = [self._held[i] for i in live]
+        return keys
+
+
 def _free_cached(comm: MPI.Comm, keyval: int, cache: dict) -> None:
     """MPI attribute delete callback: free what was cached on ``comm`` when it is freed."""
     for value in cache.values():
@@ -313,6 +353,11 @@ class MPICommunicator:
         data = _bytes(buf)
         return MPIRequest(self.comm.Irecv(data, source=source, tag=tag), data)
 
+    @_raising_transport_errors
+    def barrier(self) -> None:
+        """Return once every rank entered the barrier (blocking)."""
+        self.comm.Barrier()
+
     def ibarrier(self) -> MPIRequest:
         """Start a barrier; ``test()`` is True once every rank entered it."""
         return MPIRequest(self.comm.Ibarrier())
@@ -353,6 +398,10 @@ class MPICommunicator:
         ``reduce_scatter_algorithm`` (None: MPI's own)."""
         return MPICommunicator(self.comm, algorithm, reduce_scatter_algorithm)
 
+    def request_list(self) -> MPIRequestList:
+        """An empty list of requests to wait on together (``MPIRequestList``)."""
+        return MPIRequestList()
+
     def test_all(self, requests: Sequence[MPIRequest]) -> bool:
         """True once every request completed (``MPI_Testall``, driving their progress)."""
         return bool(MPI.Request.Testall([r._req for r in requests]))
@@ -362,6 +411,14 @@ class MPICommunicator:
         if (self.comm not in (MPI.COMM_WORLD, MPI.COMM_SELF, MPI.COMM_NULL)
                 and not MPI.Is_finalized()):
             self.comm.Free()
+
+    def peek_cached(self, key: Any) -> Any:
+        """The value cached under ``key``, or None when nothing was built yet (never
+        collective: for readers that must not start a build on one rank only)."""
+        if self.freed:
+            return None
+        cache = self.comm.Get_attr(_CACHE_KEYVAL)
+        return None if cache is None else cache.get(key)
 
     def cached(self, key: Any, build: Callable[[], Any]) -> Any:
         """The value cached on this communicator under ``key``, built by ``build()`` on first

@@ -7,7 +7,8 @@ Three groups of users, three groups of methods:
 * compressed exchange (``ExchangeComm`` in ``dlcomm.compression``): ``allreduce_sum``,
   ``allgather`` and ``sendrecv`` on arrays of any size, returning new arrays;
 * collective algorithms and heterogeneity algorithms (``PointToPoint``): blocking and
-  non-blocking messages into given buffers, a non-blocking barrier, and sub-communicators.
+  non-blocking messages into given buffers (waited on one by one or together), a
+  non-blocking barrier, and sub-communicators.
 """
 from __future__ import annotations
 
@@ -21,6 +22,18 @@ class PendingRequest(Protocol):
     """A non-blocking operation: ``test()`` is True once it completed."""
 
     def test(self) -> bool: ...
+
+
+class PendingRequests(Protocol):
+    """Non-blocking operations waited on together (``PointToPoint.request_list``)."""
+
+    pending: int
+
+    def add(self, request: PendingRequest, key: Any) -> None:
+        """Include ``request`` (from ``isend``/``irecv``), reported by ``key``."""
+
+    def wait_some(self) -> list[Any]:
+        """Block until at least one request completes; return the keys of those that did."""
 
 
 class Communicator(Protocol):
@@ -69,11 +82,17 @@ class PointToPoint(Protocol):
     def irecv(self, buf: Any, source: int, tag: int) -> PendingRequest:
         """Start receiving into ``buf`` from ``source``."""
 
+    def request_list(self) -> PendingRequests:
+        """An empty set of requests to wait on together."""
+
     def test_all(self, requests: Sequence[PendingRequest]) -> bool:
         """True once every one of ``requests`` completed."""
 
     def ibarrier(self) -> PendingRequest:
         """Start a barrier over every rank."""
+
+    def barrier(self) -> None:
+        """Return once every rank entered the barrier."""
 
     def allgather(self, value: Any) -> list:
         """Every rank's ``value`` (an array, or any picklable value), in rank order."""

@@ -23,11 +23,13 @@ from dlcomm.collectives.registry import (
     algorithm_name_from_env,
     get_allreduce_algorithm,
 )
+from dlcomm.collectives.selection import built_model
 from dlcomm.comm.counting import ByteCounter
 from dlcomm.comm.mpi_backend import MPICommunicator, dumps, loads
 from dlcomm.comm.polling import wait_polling
 from dlcomm.config import Config
 from dlcomm.engine.executor import Executor
+from dlcomm.engine.fusion import bucket_bytes
 from dlcomm.engine.negotiation import WORLD, Coordinator, Response
 from dlcomm.engine.process_sets import ProcessSetState
 from dlcomm.engine.request import CACHEABLE, Handle, Kind, Request, Signature
@@ -76,6 +78,11 @@ class Engine:
         self._cond = threading.Condition()
         self._queue: list[Request] = []
         self._in_flight: set[str] = set()
+        self._queued_bytes = 0  # dense all-reduce bytes in the queue
+        # Queued bytes that end batching at once (from the all-reduce's cost model, known
+        # after the first all-reduce); None: batching ends on a quiet queue only.
+        self._bucket_bytes: int | None = None
+        self._bucket_awaited = algorithm_name_from_env() in ("auto", "fastest")
         self._pending: dict[str, Request] = {}  # engine thread only, submission order
         self._shutdown_requested = False
         self._user_blocked = False
@@ -104,9 +111,42 @@ class Engine:
             # Before the append: once queued, the engine thread may end this phase.
             self.timeline.begin(request.name, "queued", {"kind": request.kind.value})
             self._queue.append(request)
+            self._queued_bytes += _dense_bytes(request)
             if len(self._queue) == 1:
                 self._cond.notify()
         return request.handle
+
+    def submit_many(self, requests: list[Request]) -> list[Handle]:
+        """Queue several requests at once (one lock, one wake-up of the engine thread): a
+        backward pass's ready gradients, each with its own name and handle. Raises, queueing
+        none of them, if a name is in flight or repeated, or the engine stopped."""
+        with self._cond:
+            if self._error is not None:
+                raise type(self._error)(str(self._error))
+            names = [r.name for r in requests]
+            if len(set(names)) != len(names):
+                seen: set[str] = set()
+                for name in names:
+                    if name in seen:
+                        raise ValueError(f"the name '{name}' appears twice in one batch; "
+                                         "give every tensor its own name")
+                    seen.add(name)
+            busy = self._in_flight.intersection(names)
+            if busy:
+                raise ValueError(
+                    f"a request named '{sorted(busy)[0]}' is already in flight on this rank; "
+                    "wait for it (synchronize) or use a different name")
+            self._in_flight.update(names)
+            for request in requests:
+                request.handle.on_wait = self._user_waiting
+                request.handle.on_done = functools.partial(self._release, request.name)
+                self.timeline.begin(request.name, "queued", {"kind": request.kind.value})
+            was_empty = not self._queue
+            self._queue.extend(requests)
+            self._queued_bytes += sum(_dense_bytes(r) for r in requests)
+            if was_empty and requests:
+                self._cond.notify()
+        return [r.handle for r in requests]
 
     def _release(self, name: str) -> None:
         """A request completed: its name may be submitted again at once."""
@@ -154,6 +194,8 @@ class Engine:
         self.config = dataclasses.replace(self.config, fusion_threshold=threshold,
                                           cycle_time=cycle)
         self.executor.fusion_threshold = threshold
+        if self._bucket_bytes is not None:  # the bucket is capped by the threshold
+            self._bucket_bytes = self._bucket_from_cost_model()
 
     @property
     def alive(self) -> bool:
@@ -181,14 +223,20 @@ class Engine:
             if self._queue:
                 # Let a burst of submissions (a loop of async calls, a backward pass)
                 # finish, so it is negotiated and fused together.
+                # A full bucket goes at once: its gradients reach the wire while backward
+                # still produces the next ones.
                 quiet = max(cycle / 4, 5e-5)
                 deadline = time.monotonic() + 10 * cycle
+                bucket = self._bucket_bytes
                 while not self._user_blocked and time.monotonic() < deadline:
+                    if bucket is not None and self._queued_bytes >= bucket:
+                        break
                     seen = len(self._queue)
                     self._cond.wait(quiet)
                     if len(self._queue) == seen:
                         break
             batch, self._queue = self._queue, []
+            self._queued_bytes = 0
             self._user_blocked = False
         for req in batch:
             self._pending[req.name] = req
@@ -204,6 +252,7 @@ class Engine:
         now = time.monotonic()
         words = np.zeros(self.cache.num_words(), dtype=np.uint64)
         need_full = self._shutdown_requested or self._stall_abort
+        bits = []
         for req in self._pending.values():
             if req.announced:
                 continue
@@ -213,7 +262,8 @@ class Engine:
             if bit is None:
                 need_full = True
             else:
-                ResponseCache.set_bit(words, bit)
+                bits.append(bit)
+        ResponseCache.set_bits(words, bits)
         self.cache.mark_outsider_bits(words)
         if not need_full:
             words[0] |= _NO_UNCACHED
@@ -233,6 +283,9 @@ class Engine:
         if responses:
             self.executor.run(responses, self._pending)
             self._retire(responses)
+            if self._bucket_awaited:
+                self._bucket_bytes = self._bucket_from_cost_model()
+                self._bucket_awaited = self._bucket_bytes is None
         if self.coordinator.stall_abort_ranks:
             self._stop(StallError(self.stall.abort_message(self.coordinator)))
             return False
@@ -282,6 +335,18 @@ class Engine:
         if pending and not quiet:
             log.error("%s", error)
 
+    def _bucket_from_cost_model(self) -> int | None:
+        """``fusion.bucket_bytes`` of the algorithm the cost model picks for a full fusion
+        buffer, once ``auto``/``fastest`` measured it; None until then (or never, with a
+        fixed algorithm). A local decision: it changes when a rank negotiates, never what
+        the ranks agree on."""
+        model = built_model(self.process_sets[WORLD].comm)
+        if model is None:
+            return None
+        threshold = self.config.fusion_threshold
+        cost = model.cost(model.choose(max(threshold, 1)))
+        return bucket_bytes(cost.alpha, cost.beta, threshold)
+
     # --- process sets (run on every rank, in the global order) --------------------------------
     def _add_process_set(self, resp: Response, req: Request | None) -> int:
         ranks = tuple(resp.reference.extra)
@@ -298,6 +363,13 @@ class Engine:
         state = self.process_sets.pop(set_id)
         self.coordinator.members.pop(set_id, None)
         state.free()
+
+
+def _dense_bytes(request: Request) -> int:
+    """Bytes a request adds to a dense all-reduce bucket (0 for anything else)."""
+    if request.kind is not Kind.ALLREDUCE or request.signature.compression != "none":
+        return 0
+    return sum(a.nbytes for a in request.arrays)
 
 
 def _data_algorithms() -> tuple[Any, Any]:

@@ -47,13 +47,41 @@ def allreduce_groups(responses: Sequence[Any], threshold: int) -> list[list[int]
     """
     keys, nbytes = [], []
     for resp in responses:
-        sig = resp.reference
-        wire_op = "sum" if sig.op == "average" else sig.op
-        keys.append((sig.process_set_id, sig.dtype, wire_op, sig.compression,
-                     tuple(sorted(resp.joined))))
-        nbytes.append(0 if sig.compression != "none" else
-                      sum(math.prod(s) for s in sig.shapes) * np.dtype(sig.dtype).itemsize)
+        derived = resp.derived.get("fusion")
+        if derived is None:  # once per response: cached responses run every step
+            sig = resp.reference
+            wire_op = "sum" if sig.op == "average" else sig.op
+            derived = resp.derived["fusion"] = (
+                (sig.process_set_id, sig.dtype, wire_op, sig.compression,
+                 tuple(sorted(resp.joined))),
+                0 if sig.compression != "none" else
+                sum(math.prod(s) for s in sig.shapes) * np.dtype(sig.dtype).itemsize)
+        keys.append(derived[0])
+        nbytes.append(derived[1])
     return plan_fusion(nbytes, keys, threshold)
+
+
+# A bucket is sent once its start-up cost is at most this share of its time on the wire.
+BUCKET_STARTUP_SHARE = 0.1
+MIN_BUCKET_BYTES = 64 << 10
+
+
+def bucket_bytes(alpha: float, beta: float, threshold: int,
+                 startup_share: float = BUCKET_STARTUP_SHARE) -> int:
+    """Bytes worth sending as soon as they are queued, from an all-reduce costing
+    ``alpha + beta n`` seconds: the smallest n whose start-up ``alpha`` is at most
+    ``startup_share`` of the whole, between ``MIN_BUCKET_BYTES`` and ``threshold``.
+
+    Waiting for more gradients than that only delays the first message of a backward pass;
+    sending less pays start-up costs that more gradients would have shared."""
+    if alpha < 0 or beta < 0:
+        raise ValueError(f"alpha and beta must be >= 0, got {alpha}, {beta}")
+    if not 0 < startup_share < 1:
+        raise ValueError(f"startup_share must be in (0, 1), got {startup_share}")
+    if beta == 0:
+        return max(threshold, MIN_BUCKET_BYTES)
+    wanted = alpha * (1 - startup_share) / (startup_share * beta)
+    return int(min(max(wanted, MIN_BUCKET_BYTES), max(threshold, MIN_BUCKET_BYTES)))
 
 
 class FusionBuffer:

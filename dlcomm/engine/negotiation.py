@@ -8,8 +8,10 @@ rank's values, on every rank.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from dlcomm.engine.request import Kind, Signature, mismatch_message
 
@@ -28,8 +30,12 @@ class Response:
     joined: frozenset[int] = frozenset()  # members that joined: contribute zeros
     error: str | None = None
     last_joined: int = -1  # join: the world rank that joined last
+    # What the executor derives from the response once (fusion's key and size): responses
+    # are cached and run again every step, so it is computed on the first run only.
+    derived: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False,
+                                                repr=False)
 
-    @property
+    @functools.cached_property
     def reference(self) -> Signature:
         """The signature of the lowest announcing rank (they agree unless ``error``)."""
         return self.signatures[min(self.signatures)]

@@ -72,8 +72,7 @@ class ResponseCache:
 
     def mark_outsider_bits(self, words: np.ndarray) -> None:
         """Set the bits of cached requests this rank does not take part in."""
-        for bit in self._outsider_bits:
-            self.set_bit(words, bit)
+        self.set_bits(words, list(self._outsider_bits))
 
     def touch(self, bit: int) -> None:
         """Mark the response as recently used (LRU order, same on all ranks)."""
@@ -86,6 +85,19 @@ class ResponseCache:
     @staticmethod
     def set_bit(words: np.ndarray, bit: int) -> None:
         words[FLAG_WORDS + bit // 64] |= np.uint64(1) << np.uint64(bit % 64)
+
+    @staticmethod
+    def set_bits(words: np.ndarray, bits: list[int]) -> None:
+        """``set_bit`` for many bits at once: one Python integer, converted once (a numpy
+        scalar operation per bit costs more than the rest of a cached request's round)."""
+        if not bits:
+            return
+        mask = 0
+        for bit in bits:
+            mask |= 1 << bit
+        count = len(words) - FLAG_WORDS
+        extra = np.frombuffer(mask.to_bytes(8 * count, "little"), dtype="<u8")
+        words[FLAG_WORDS:] |= extra.astype(words.dtype, copy=False)
 
     def ready_bits(self, words: np.ndarray) -> list[int]:
         """Bits set in an AND-reduced word array, ascending (the global order)."""

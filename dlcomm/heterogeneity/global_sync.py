@@ -134,12 +134,11 @@ class GlobalSyncPoints:
 
 def _average(comm: Any, arrays: list[np.ndarray]) -> None:
     """Average same-dtype ``arrays`` over ``comm`` in place (float16 summed in float32)."""
-    # The collectives load the transport, whose import starts MPI: `import dlcomm.torch`
-    # must not (a launcher process imports it too).
-    from dlcomm.collectives.ordered import ordered_allreduce  # noqa: PLC0415 - MPI start-up
-
     if not arrays:
         return
+    # The collectives load the transport, whose import starts MPI: dlcomm.init does that.
+    from dlcomm.collectives.ordered import ordered_allreduce  # noqa: PLC0415 - MPI start-up
+
     dtype = arrays[0].dtype
     work = np.float32 if dtype == np.float16 else dtype
     buf = np.concatenate([a.reshape(-1) for a in arrays]).astype(work, copy=False)

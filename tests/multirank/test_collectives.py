@@ -3,7 +3,8 @@
 One mpirun per rank count runs all algorithms over sizes (0, 1, p-1, p, 7, 1000, 65537),
 dtypes (float32/64, int32/64) and ops (sum, min, max, product), out of place and in
 place, against ``comm.Allreduce``: exactly for integers and min/max, to float tolerance
-for float sums and products; ``ordered`` also bit for bit against the rank-order reduction.
+for float sums and products; the rank-order ones (``ordered``, ``pipelined`` with 64-byte
+segments, ``auto``) also bit for bit against the rank-order reduction.
 Reduce-scatter (ring and ordered) and all-gather with unequal and zero counts, the ordered
 reduce-scatter + all-gather against the ordered all-reduce bit for bit, binomial broadcast
 and reduce from every root, and hierarchical all-reduce with forced host groups of 2 and 3
@@ -20,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 from dlcomm.collectives import (
     HierarchicalAllreduce, binomial_broadcast, binomial_reduce, get_allreduce_algorithm,
-    ordered_reduce_scatter, ring_allgather, ring_reduce_scatter,
+    ordered_reduce_scatter, pipelined_allreduce, ring_allgather, ring_reduce_scatter,
 )
 from dlcomm.comm.mpi_backend import mpi_op
 
@@ -38,7 +39,12 @@ hier2_tree = HierarchicalAllreduce(
 )
 assert hier2.host_count == (p + 1) // 2 and hier3.host_count == (p + 2) // 3
 ALGS = {name: get_allreduce_algorithm(name)
-        for name in ("ordered", "ring", "rhd", "tree", "hierarchical")}
+        for name in ("ordered", "auto", "ring", "rhd", "tree", "hierarchical", "fastest")}
+# Segments of 64 bytes: many segments per block (up to the cap) at these sizes.
+ALGS["pipelined/64B"] = lambda c, s, o, op: pipelined_allreduce(c, s, o, op,
+                                                                allreduce_segment_bytes=64)
+RANK_ORDER = ("ordered", "auto", "pipelined/64B")
+SOME_DTYPES_ONLY = ("hierarchical/2 tree", "fastest")  # 64-bit dtypes suffice: saves time
 ALGS["hierarchical/2 ring"] = lambda c, s, o, op: hier2(s, o, op)
 ALGS["hierarchical/3 rhd"] = lambda c, s, o, op: hier3(s, o, op)
 ALGS["hierarchical/2 tree"] = lambda c, s, o, op: hier2_tree(s, o, op)
@@ -89,15 +95,15 @@ for n in SIZES:
             comm.Allreduce(x, want, op=mpi_op(op))
             ordered = in_rank_order(x, op)
             for name, alg in ALGS.items():
-                if name == "hierarchical/2 tree" and dtype in (np.float32, np.int32):
-                    continue  # the tree-leader variant: 64-bit dtypes suffice, saves time
+                if name in SOME_DTYPES_ONLY and dtype in (np.float32, np.int32):
+                    continue
                 case = f"{name} n={n} {np.dtype(dtype)} {op}"
                 x_before = x.copy()
                 out = np.full_like(x, 7)
                 res = alg(comm, x, out, op)
                 if res is not out or not same(out, want, dtype, op):
                     failures.append(case + " out of place: wrong result")
-                if name == "ordered" and not np.array_equal(out, ordered):
+                if name in RANK_ORDER and not np.array_equal(out, ordered):
                     failures.append(case + ": not the bits of the rank-order reduction")
                 if not np.array_equal(x, x_before):
                     failures.append(case + " out of place: sendbuf modified")
@@ -256,8 +262,9 @@ ERRORS = r"""
 import numpy as np
 from mpi4py import MPI
 from dlcomm.collectives import (
-    HierarchicalAllreduce, algorithm_from_env, binomial_broadcast, binomial_reduce,
-    get_allreduce_algorithm, native_allreduce, ordered_allreduce, ordered_reduce_scatter,
+    HierarchicalAllreduce, algorithm_from_env, auto_allreduce, binomial_broadcast,
+    binomial_reduce, get_allreduce_algorithm, native_allreduce, ordered_allreduce,
+    ordered_reduce_scatter,
     ring_allgather, ring_allreduce, ring_reduce_scatter,
 )
 from dlcomm.errors import DLCommError
@@ -276,16 +283,18 @@ def raises(kind, fragment, func, *args, **kwargs):
         raise AssertionError(f"{func.__name__}{args} did not raise {kind.__name__}")
 
 
-raises(ValueError, "valid names: ordered, mpi, ring, rhd, tree, hierarchical (also native = mpi)",
-       get_allreduce_algorithm, "butterfly")
+raises(ValueError, "valid names: auto, ordered, pipelined, mpi, ring, rhd, tree, hierarchical, "
+       "fastest (also native = mpi)", get_allreduce_algorithm, "butterfly")
 raises(TypeError, "string", get_allreduce_algorithm, 3)
 assert get_allreduce_algorithm(" Ring ") is ring_allreduce
-assert algorithm_from_env({}) is ordered_allreduce
+assert algorithm_from_env({}) is auto_allreduce
+assert algorithm_from_env({"DLCOMM_ALLREDUCE_ALGORITHM": "ordered"}) is ordered_allreduce
 assert algorithm_from_env({"DLCOMM_ALLREDUCE_ALGORITHM": "native"}) is native_allreduce
 assert algorithm_from_env({"DLCOMM_ALLREDUCE_ALGORITHM": "rhd"}).__name__ == "rhd_allreduce"
 raises(ValueError, "DLCOMM_ALLREDUCE_ALGORITHM", algorithm_from_env,
        {"DLCOMM_ALLREDUCE_ALGORITHM": "fast"})
-for name in ("ordered", "native", "ring", "rhd", "tree", "hierarchical"):
+for name in ("auto", "ordered", "pipelined", "native", "ring", "rhd", "tree", "hierarchical",
+             "fastest"):
     alg = get_allreduce_algorithm(name)
     raises(TypeError, "MPI.Intracomm", alg, "comm", x, x, "sum")
     raises(TypeError, "numpy.ndarray", alg, comm, [0.0] * 4, x, "sum")

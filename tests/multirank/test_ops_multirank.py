@@ -176,7 +176,7 @@ def test_every_op_against_numpy(np_, tmp_path):
     assert proc.count_per_rank("OK") == [1] * np_, proc.report()
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "rhd"])
+@pytest.mark.parametrize("algorithm", ["ring", "rhd", "ordered", "pipelined", "fastest"])
 def test_engine_runs_dlcomm_allreduce_algorithms(algorithm, tmp_path):
     proc = run_mpi(3, OPS_SCRIPT, tmp_path, timeout=240,
                    env={"DLCOMM_ALLREDUCE_ALGORITHM": algorithm})

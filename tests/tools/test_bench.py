@@ -467,48 +467,6 @@ def test_report_rejects_unknown_sections_and_lists_them(
     assert not (tmp_path / "b.md").exists()
 
 
-def test_train_lists_and_table() -> None:
-    from dlcomm.tools.bench import train
-
-    assert train.parse_list("none,fp16") == ["none", "fp16"]
-    assert train.parse_list("topk:ratio=0.01,approx=1;none") == ["topk:ratio=0.01,approx=1",
-                                                                "none"]
-    with pytest.raises(ValueError, match="empty"):
-        train.parse_list(" , ")
-    rows = [{"compression": "none", "schedule": "wfbp", "one_rank_samples_per_s": 100.0,
-             "total_samples_per_s": 300.0, "scaling_efficiency": 0.75, "ranks": 4,
-             "batch_size": 32, "rounds": [300.0]},
-            {"compression": "fp16", "schedule": "wfbp", "one_rank_samples_per_s": 100.0,
-             "total_samples_per_s": 150.0, "scaling_efficiency": 0.375, "ranks": 4,
-             "batch_size": 32, "rounds": [150.0]}]
-    table = train.markdown_table(rows)
-    assert "| `none` | wfbp | 100.0 | 300.0 | 427 | 0.75 | 1.00x |" in table
-    assert "| `fp16` | wfbp | 100.0 | 150.0 | 853 | 0.38 | 0.50x |" in table
-    rows[0]["rounds"], rows[1]["rounds"] = [290.0, 300.0, 310.0], [140.0, 150.0, 160.0]
-    table = train.markdown_table(rows)
-    assert "| 0.75 | 1.00x | 290, 300, 310 |" in table and "rounds (samples/s)" in table
-
-
-def test_train_rounds_alternate_configurations_and_report_the_median(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from dlcomm.tools.bench import train
-
-    calls = []
-    speeds = iter([400.0, 100.0, 200.0, 300.0, 120.0, 250.0])
-
-    def fake_run(np_, model, compression, schedule, batch_size, iters, emulate=None):
-        calls.append((np_, schedule))
-        rate = 50.0 if np_ == 1 else next(speeds)
-        return {"per_rank_samples_per_s": rate, "total_samples_per_s": rate}
-
-    monkeypatch.setattr(train, "run_config", fake_run)
-    rows = train.measure(4, "mlp", ["none"], ["wfbp", "dear"], 32, 2, "4x1gbit", repeats=3)
-    multi = [schedule for np_, schedule in calls if np_ == 4]
-    assert multi == ["wfbp", "dear"] * 3  # rounds, not one configuration's repeats in a row
-    assert [r["rounds"] for r in rows] == [[400.0, 200.0, 120.0], [100.0, 300.0, 250.0]]
-    assert [r["total_samples_per_s"] for r in rows] == [200.0, 250.0]
-
-
 # --- tiny real runs --------------------------------------------------------------------------
 _REAL_RUN = """
 import json, sys

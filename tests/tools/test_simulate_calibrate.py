@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dlcomm.tools.simulate import collectives
 from dlcomm.tools.simulate.calibrate import (
     Measurement,
     fit,
@@ -29,12 +30,17 @@ TOPOLOGIES = (Topology(1, 2), Topology(1, 4), Topology(2), Topology(4), Topology
 
 def synthetic(params: CostParams, noise: float = 0.0, seed: int = 0,
               topologies=TOPOLOGIES, collectives=("allreduce", "allgather", "reducescatter"),
-              algorithms=("ring", "rhd", "tree", "hierarchical")) -> list[Measurement]:
+              algorithms=("ordered", "ring", "rhd", "tree", "hierarchical"),
+              reduce_scatters=("ordered", "ring")) -> list[Measurement]:
+    """What the campaign measures: every all-reduce algorithm, the engine's reduce-scatter
+    under ordered and MPI's (under ring), and the all-gather (MPI's under any)."""
     rng = np.random.default_rng(seed)
     out = []
+    per_kind = {"allreduce": algorithms, "reducescatter": reduce_scatters,
+                "allgather": ("ordered",)}
     for topo in topologies:
         for kind in collectives:
-            for algo in (algorithms if kind == "allreduce" else ("ring",)):
+            for algo in per_kind[kind]:
                 for n in SIZES:
                     m = Measurement(kind, n, topo, 1.0, algo)
                     t = m.cost().seconds(params) * (1 + noise * rng.standard_normal())
@@ -90,12 +96,15 @@ def bench_json(kind: str, ranks: int, emulate: str, rows: list[tuple[int, float]
 def test_bench_files_and_campaign_files(tmp_path: Path) -> None:
     paths = []
     for i, m in enumerate(synthetic(TRUE, topologies=(Topology(4), Topology(2, 2)),
-                                    algorithms=("ring",))):
+                                    algorithms=("ordered", "ring"))):
         emulate = f"{m.topology.hosts}x1gbit"
         data = bench_json(m.collective, m.topology.workers, emulate,
                           [(int(m.nbytes), m.seconds)])
-        if i % 2:  # the campaign wraps the bench JSON with its setup
-            data = {"setup": {"emulate": emulate, "allreduce_algorithm": "ring"}, "result": data}
+        # the campaign wraps the bench JSON with its setup; a bare bench file ran with
+        # the engine's default algorithm, ordered
+        if i % 2 or m.algorithm != "ordered":
+            data = {"setup": {"emulate": emulate, "allreduce_algorithm": m.algorithm},
+                    "result": data}
         path = tmp_path / f"m{i}.json"
         path.write_text(json.dumps(data))
         paths.append(path)
@@ -104,8 +113,14 @@ def test_bench_files_and_campaign_files(tmp_path: Path) -> None:
     result = fit(loaded)
     assert result.params.beta == pytest.approx(TRUE.beta, rel=1e-6)
     assert "| allreduce | ring | 2x2 |" in format_fit(result)
-    raw = load_measurements(paths[:1], peer="mpi4py")
+    assert "| reducescatter | ordered | 2x2 |" in format_fit(result)
+    # the raw peer runs MPI's own collectives whatever the run's algorithm
+    raw = load_measurements(paths[:1], peer="mpi4py", algorithm="ring")
     assert raw[0].seconds == pytest.approx(loaded[0].seconds / 2)
+    with pytest.raises(ValueError, match="--algorithm ring"):
+        load_measurements(paths[:1], peer="mpi4py")
+    scatter = [p for p, m in zip(paths, loaded) if m.collective == "reducescatter"]
+    assert {m.algorithm for m in load_measurements(scatter, peer="mpi4py")} == {"mpi"}
 
 
 def test_topology_and_refusals() -> None:
@@ -113,16 +128,51 @@ def test_topology_and_refusals() -> None:
     assert topology_of({"ranks": 4, "emulate": ""}) == Topology(1, 4)
     with pytest.raises(ValueError, match="evenly"):
         topology_of({"ranks": 6, "emulate": "4x1gbit"})
-    native = {"setup": {"allreduce_algorithm": "native"},
-              "result": bench_json("allreduce", 4, "4x1gbit", [(4096, 1e-3)])}
-    with pytest.raises(ValueError, match="DLCOMM_ALLREDUCE_ALGORITHM"):
-        measurements_from_result(native)
+    for name in ("native", "mpi"):
+        mpi = {"setup": {"allreduce_algorithm": name},
+               "result": bench_json("allreduce", 4, "4x1gbit", [(4096, 1e-3)])}
+        with pytest.raises(ValueError, match="DLCOMM_ALLREDUCE_ALGORITHM=ordered"):
+            measurements_from_result(mpi)
+        # MPI's own reduce-scatter is the ring the model has
+        mpi["result"]["benchmark"] = "reducescatter"
+        (m,) = measurements_from_result(mpi)
+        assert m.algorithm == "mpi"
+        assert m.cost() == collectives.ring_reduce_scatter(4096, Topology(4))
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        measurements_from_result({"setup": {"allreduce_algorithm": "nccl"},
+                                  "result": bench_json("allreduce", 2, "", [])})
     with pytest.raises(ValueError, match="not a `dlcomm bench`"):
         measurements_from_result({"rows": []})
     with pytest.raises(ValueError, match="peer"):
         measurements_from_result(bench_json("allreduce", 2, "", []), peer="horovod")
     with pytest.raises(ValueError, match="no model"):
         Measurement("alltoall", 10, Topology(2), 1.0).cost()
+
+
+def test_ordered_measurements_use_the_ordered_model() -> None:
+    topo = Topology(2, 2)
+    n = 4 * 1_000_001
+    ar = Measurement("allreduce", n, topo, 1.0, "ordered")
+    assert ar.cost() == collectives.ordered_allreduce(n, topo)
+    rs = Measurement("reducescatter", n, topo, 1.0, "ordered")
+    assert rs.cost() == collectives.ordered_reduce_scatter(n, topo)
+    assert Measurement("reducescatter", n, topo, 1.0, "ring").cost() == \
+        collectives.ring_reduce_scatter(n, topo)
+    assert Measurement("allreduce", n, topo, 1.0).algorithm == "ordered"  # the default
+    # the element size comes from the bench row: float16 blocks are whole 2-byte elements
+    half = bench_json("reducescatter", 4, "2x1gbit", [(n + 2, 1e-3)])
+    half["rows"][0]["dtype"] = "float16"
+    (m,) = measurements_from_result(half)
+    assert (m.algorithm, m.itemsize) == ("ordered", 2)
+    assert m.cost() == collectives.ordered_reduce_scatter(n + 2, topo, itemsize=2)
+
+
+def test_ordered_alone_with_the_all_gather_recovers_the_parameters() -> None:
+    only = synthetic(TRUE, algorithms=("ordered",), reduce_scatters=("ordered",))
+    result = fit(only)
+    for name, value in TRUE.to_dict().items():
+        assert getattr(result.params, name) == pytest.approx(value, rel=1e-6), name
+    assert result.warnings == ()
 
 
 def test_compressor_costs_are_fitted_over_dense() -> None:

@@ -192,6 +192,111 @@ def test_measure_dry_run_lists_the_campaign(tmp_path: Path,
     assert len(quick) < 5
 
 
+def test_every_job_sets_its_all_reduce_algorithm_and_records_it(tmp_path: Path) -> None:
+    for quick in (False, True):
+        jobs = campaign.calibration_jobs(tmp_path, quick=quick) + campaign.validation_jobs(
+            tmp_path, quick=quick)
+        assert len({j.name for j in jobs}) == len(jobs)  # --only can tell them apart
+        for job in jobs:
+            env = dict(job.env)
+            assert env["DLCOMM_ALLREDUCE_ALGORITHM"] == job.setup["allreduce_algorithm"], job
+            assert "DLCOMM_ALLREDUCE_ALGORITHM=" in job.shell()
+    validation = campaign.validation_jobs(tmp_path)
+    by_method = {(j.setup["method"], j.setup["emulate"], j.setup["slots_per_host"]):
+                 j.setup["allreduce_algorithm"] for j in validation}
+    for (method, _, _), algorithm in by_method.items():
+        named = [a for a in ("ring", "rhd", "tree", "hierarchical") if a in method.split()]
+        assert algorithm == (named[0] if named else "ordered"), method  # the engine default
+    assert by_method[("dense ring", "4x1gbit", 1)] == "ring"
+
+
+def test_calibration_measures_ordered_beside_the_other_algorithms(tmp_path: Path) -> None:
+    jobs = campaign.calibration_jobs(tmp_path)
+    runs: dict[tuple[str, str], set] = {}
+    for job in jobs:
+        bench = job.command[job.command.index("bench") + 1]
+        sizes = job.command[job.command.index("--sizes") + 1]
+        where = (job.setup["emulate"], job.setup["slots_per_host"],
+                 job.command[job.command.index("-np") + 1] if "-np" in job.command else "")
+        runs.setdefault((bench, job.setup["allreduce_algorithm"]), set()).add((where, sizes))
+    places = runs[("allreduce", "ring")]
+    assert len(places) == 6  # shared memory 2 and 4, 2/4/8 hosts, 2 hosts x 2
+    for algorithm in ("ordered", "rhd", "tree"):
+        assert runs[("allreduce", algorithm)] == places, algorithm
+    assert runs[("allreduce", "hierarchical")] < places
+    # the engine's reduce-scatter under ordered, MPI's own under mpi; the all-gather
+    assert runs[("reducescatter", "ordered")] == runs[("reducescatter", "mpi")] == places
+    assert runs[("allgather", "ordered")] == places
+    assert {a for b, a in runs if b == "allreduce"} == {"ordered", "ring", "rhd", "tree",
+                                                       "hierarchical"}
+
+
+def test_measure_only_runs_the_jobs_whose_name_matches(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    every = campaign.validation_jobs(tmp_path)
+    assert cli.main(["simulate", "measure", "validation", "--out", str(tmp_path),
+                     "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert f"{len(every)} jobs (dry run: nothing ran)" in text
+    assert text.count("DLCOMM_ALLREDUCE_ALGORITHM=") == len(every)
+    assert cli.main(["simulate", "measure", "validation", "--out", str(tmp_path),
+                     "--dry-run", "--only", "^reference_|^4x1gbitx1_mlp_dense"]) == 0
+    text = capsys.readouterr().out
+    chosen = [j.name for j in every if j.name.startswith(
+        ("reference_", "4x1gbitx1_mlp_dense"))]
+    assert 4 < len(chosen) < len(every)
+    assert f"{len(chosen)} of the {len(every)} validation jobs" in text
+    assert f"{len(chosen)} jobs (dry run: nothing ran)" in text
+    listed = [line.split("] ", 1)[1].split(":", 1)[0] for line in text.splitlines()
+              if line.startswith("[")]
+    assert listed == chosen
+    assert campaign.select_jobs(every, None) == every
+    assert [j.name for j in campaign.select_jobs(every, "congested$")] == [
+        j.name for j in every if j.name.endswith("congested")]
+    assert cli.main(["simulate", "measure", "calibration", "--out", str(tmp_path),
+                     "--dry-run", "--only", "nothing-like-this"]) == 1
+    assert "matches none of the" in capsys.readouterr().err
+    assert cli.main(["simulate", "measure", "calibration", "--out", str(tmp_path),
+                     "--dry-run", "--only", "(unclosed"]) == 1
+    assert "not a regular expression" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_only_runs_the_chosen_jobs_for_real(tmp_path: Path) -> None:
+    made = []
+    for name in ("alpha_one", "beta_two", "alpha_three"):
+        result = tmp_path / f"{name}.json"
+        write = f"import json; json.dump({{'ranks': 1}}, open({str(result)!r}, 'w'))"
+        made.append(campaign.Job(name, (sys.executable, "-c", write),
+                                 (("DLCOMM_ALLREDUCE_ALGORITHM", "ordered"),), result,
+                                 {"allreduce_algorithm": "ordered"}))
+    assert campaign.run_jobs(campaign.select_jobs(made, "^alpha")) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alpha_one.json", "alpha_three.json"]
+
+
+def test_validation_predicts_with_the_algorithm_the_run_set(tmp_path: Path) -> None:
+    from dlcomm.tools.simulate.validate import method_of
+
+    assert method_of({"method": "dense"}).algorithm == "ordered"
+    assert method_of({"method": "dense", "allreduce_algorithm": "ring"}).algorithm == "ring"
+    assert method_of({"method": "dense", "allreduce_algorithm": "native"}).algorithm == "mpi"
+    assert method_of({"method": "dense rhd", "allreduce_algorithm": "rhd"}).algorithm == "rhd"
+    with pytest.raises(ValueError, match="DLCOMM_ALLREDUCE_ALGORITHM=ring"):
+        method_of({"method": "dense rhd", "allreduce_algorithm": "ring"}, "x.json")
+    # 2 hosts x 2 slots: ordered's all-to-all puts more bytes on a host's link than the ring
+    base = {"model": "mnist-mlp", "batch_size": 32, "heterogeneity": "", "method": "dense",
+            "emulate": "2x1gbit", "slots_per_host": 2}
+    result = demo_result(4, [40, 45, 50, 41], 0.3)
+    predicted = {}
+    for algorithm in ("ordered", "ring"):
+        path = write_run(tmp_path / f"{algorithm}.json",
+                         {**base, "allreduce_algorithm": algorithm}, result)
+        (row,) = validate(load_runs([path]), PARAMS)
+        predicted[algorithm] = row["predicted_s"]
+    assert predicted["ordered"] > predicted["ring"]
+
+
 def test_run_jobs_wraps_each_result_with_its_setup(tmp_path: Path) -> None:
     result = tmp_path / "r.json"
     write = f"import json; json.dump([{{'ranks': 1}}], open({str(result)!r}, 'w'))"

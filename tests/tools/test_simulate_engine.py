@@ -15,7 +15,7 @@ from dlcomm.tools.simulate.compressors import DEFAULT_PARAMS, CompressorModel
 from dlcomm.tools.simulate.devices import get_device
 from dlcomm.tools.simulate.engine import fusion_groups, mgwfbp_groups, simulate_bsp
 from dlcomm.tools.simulate.messages import MessageModel
-from dlcomm.tools.simulate.methods import Method
+from dlcomm.tools.simulate.methods import ALGORITHM_ALIASES, DEFAULT_ALGORITHM, Method
 from dlcomm.tools.simulate.model_zoo import MODELS, describe, workload_from_description
 from dlcomm.tools.simulate.network import CostParams, Network, Topology, preset_params
 from dlcomm.tools.simulate.predict import predict
@@ -50,15 +50,66 @@ def test_one_tensor_without_overlap_is_compute_plus_the_ring(p: int) -> None:
     net = Network(Topology(p), params)
     n = 40_000_000
     w = one_tensor_workload(n)
-    method = Method(schedule="none")
+    method = Method(schedule="none", algorithm="ring")
     r = simulate_bsp(w, method, messages(method, net))
     ring = 2 * (p - 1) / p * n * 8e-9 + 2 * (p - 1) * 2e-5
     assert r.iteration_s == pytest.approx(w.compute_s + ring, rel=1e-12)
     assert r.exposed_comm_s == pytest.approx(ring)
     assert r.link_bytes == pytest.approx(2 * (p - 1) / p * n)
     # with one tensor the gradient is ready only at the end: wfbp cannot overlap either
-    wfbp = simulate_bsp(w, Method(), messages(Method(), net))
-    assert wfbp.iteration_s == pytest.approx(r.iteration_s)
+    wfbp = Method(algorithm="ring")
+    assert simulate_bsp(w, wfbp, messages(wfbp, net)).iteration_s == pytest.approx(r.iteration_s)
+
+
+# 10_000_003 float32 elements: blocks of ceil(E / p) elements, counted by hand.
+ORDERED_BLOCK_BYTES = {2: 4 * 5_000_002, 3: 4 * 3_333_335, 4: 4 * 2_500_001, 5: 4 * 2_000_001}
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5])
+def test_one_tensor_with_the_default_algorithm_is_compute_plus_the_ordered_all_reduce(
+        p: int) -> None:
+    params = CostParams(alpha=2e-5, beta=8e-9, gamma=1e-9, overhead=1e-4)
+    net = Network(Topology(p), params)
+    w = one_tensor_workload(4 * 10_000_003)
+    method = Method(schedule="none")
+    assert method.algorithm == "ordered"
+    r = simulate_bsp(w, method, messages(method, net))
+    block = ORDERED_BLOCK_BYTES[p]
+    # all-to-all and all-gather: p - 1 messages of the largest block each; p - 1 sums of it
+    ordered = 1e-4 + 2 * (p - 1) * (2e-5 + block * 8e-9) + (p - 1) * block * 1e-9
+    assert r.iteration_s == pytest.approx(w.compute_s + ordered, rel=1e-12)
+    assert r.link_bytes == pytest.approx(2 * (p - 1) * block)
+
+
+def test_dear_reduce_scatters_with_the_engines_reduce_scatter() -> None:
+    net = Network(Topology(4, 2), CostParams(alpha=1e-5, beta=8e-9, gamma=1e-9))
+    bucket = 4 * 1_000_001
+    ordered = messages(Method(schedule="dear"), net).reduce_scatter(bucket)
+    assert ordered.seconds == pytest.approx(
+        coll.ordered_reduce_scatter(bucket, Topology(4, 2)).seconds(net.params))
+    for algorithm in ("ring", "rhd", "tree", "hierarchical", "mpi"):
+        other = messages(Method(schedule="dear", algorithm=algorithm), net)
+        assert other.reduce_scatter(bucket).seconds == pytest.approx(  # MPI's own
+            coll.ring_reduce_scatter(bucket, Topology(4, 2)).seconds(net.params))
+    # on 4 hosts x 2 slots the all-to-all sends 6 of every rank's 7 blocks off the host
+    assert ordered.link_bytes > other.reduce_scatter(bucket).link_bytes
+
+
+def test_mgwfbp_fits_its_line_through_the_probe_sizes_as_dlcomm_does() -> None:
+    net = Network(Topology(8), CostParams(alpha=1e-4, beta=8e-9, gamma=1e-9, overhead=2e-4))
+    ring = messages(Method(algorithm="ring"), net)
+    a, b = ring.alpha_beta()  # ring's time is linear in the bytes: the line is exact
+    assert a == pytest.approx(2e-4 + 14 * 1e-4)
+    assert b == pytest.approx(2 * 7 / 8 * 8e-9 + 7 / 8 * 1e-9)
+    ordered = messages(Method(), net)
+    sizes = np.array([4 << 10, 64 << 10, 512 << 10, 2 << 20], dtype=float)
+    times = np.array([ordered.dense_allreduce(s).seconds for s in sizes])
+    slope, intercept = np.polyfit(sizes, times, 1)
+    assert ordered.alpha_beta() == pytest.approx((intercept, slope))
+    torch_model = pytest.importorskip("dlcomm.torch.schedules.cost_model")
+    assert tuple(torch_model.DEFAULT_PROBE_BYTES) == tuple(int(s) for s in sizes)
+    fitted = torch_model.fit_alpha_beta(sizes, times)
+    assert ordered.alpha_beta() == pytest.approx((fitted.alpha, fitted.beta))
 
 
 @pytest.mark.parametrize("seed", range(25))
@@ -133,7 +184,8 @@ def test_same_inputs_same_outputs() -> None:
 
 
 ALL_METHODS = (
-    "dense", "dense schedule=none", "dense mgwfbp", "dense dear", "dense rhd", "dense native",
+    "dense", "dense schedule=none", "dense mgwfbp", "dense dear", "dense rhd", "dense mpi",
+    "dense ring", "dense ring dear",
     "dense tree", "dense hierarchical", "fp16", "bf16", "topk:ratio=0.01",
     "topk:ratio=0.01,approx=1", "randomk:ratio=0.01", "gtopk:ratio=0.01", "efsignsgd", "signum",
     "qsgd:levels=16", "powersgd:rank=4", "acpsgd:rank=4", "powersgd:rank=4+fp16",
@@ -225,12 +277,39 @@ def test_methods_refuse_what_dlcomm_refuses() -> None:
     assert Method.parse("dense schedule=none").schedule == "none"
 
 
+def test_the_default_algorithm_is_the_engines_and_native_is_mpi() -> None:
+    # the library's collectives start MPI when imported: only in the test that compares
+    from dlcomm.collectives.registry import ALIASES, DEFAULT_ALLREDUCE_ALGORITHM
+
+    # the engine's default is modelled as itself or as what it aliases to (auto -> ordered)
+    assert ALGORITHM_ALIASES.get(DEFAULT_ALLREDUCE_ALGORITHM, DEFAULT_ALLREDUCE_ALGORITHM) \
+        == DEFAULT_ALGORITHM == Method().algorithm == "ordered"
+    assert ALIASES.items() <= ALGORITHM_ALIASES.items()
+    assert Method(algorithm="auto") == Method(algorithm="pipelined") == Method()
+    assert Method.parse("dense").algorithm == "ordered" and Method.parse("dense").name == "dense"
+    for text in ("dense native", "dense mpi", "dense algorithm=native", "dense algorithm=MPI"):
+        m = Method.parse(text)
+        assert m.algorithm == "mpi" and m.name == "dense mpi", text
+    assert Method(algorithm="native") == Method(algorithm="mpi")
+    assert Method.parse("dense", algorithm="ring").name == "dense ring"
+    assert Method.parse("dense tree", algorithm="ring").algorithm == "tree"  # the text wins
+    with pytest.raises(ValueError, match="native = mpi"):
+        Method(algorithm="nccl")
+    # mpi is MPI's own: the faster of ring and halving-doubling at each size
+    net = Network(Topology(6), CostParams(alpha=1e-4, beta=8e-9, gamma=1e-9))
+    mpi = messages(Method(algorithm="native"), net)
+    for n in (1e3, 1e5, 1e8):
+        assert mpi.dense_allreduce(n).seconds == pytest.approx(min(
+            coll.ring_allreduce(n, net.topology).seconds(net.params),
+            coll.rhd_allreduce(n, net.topology).seconds(net.params)))
+
+
 def test_summable_compressors_fuse_and_the_others_go_tensor_by_tensor() -> None:
     net = Network(Topology(8), CostParams(alpha=1e-3))  # latency only: count messages
     tensors = [Tensor(f"t{i}", (100, 100)) for i in range(5)] + [Tensor("b", (100,))]
     cost = {}
     for text in ("dense", "acpsgd:rank=4", "powersgd:rank=4", "topk:ratio=0.01"):
-        m = Method.parse(text)
+        m = Method.parse(text, algorithm="ring")  # one latency count whatever the size
         message = MessageModel(m, net, GPU).group(tensors)
         cost[text] = message.seconds - message.compute_s
     ring_latency = coll.ring_allreduce(1.0, Topology(8)).alpha * 1e-3

@@ -71,3 +71,18 @@ def test_fusion_buffer_reuses_memory():
     assert np.shares_memory(a, b)
     c = fb.get(np.float32, 1000)
     assert c.size == 1000
+
+
+def test_bucket_bytes_amortise_the_start_up_cost_within_bounds() -> None:
+    from dlcomm.engine.fusion import MIN_BUCKET_BYTES, bucket_bytes
+
+    # 1 ms start-up, 1 GB/s: 9 MB keep the start-up at 10% of the message's time.
+    assert bucket_bytes(1e-3, 1e-9, 64 << 20) == 9_000_000
+    assert bucket_bytes(1e-3, 1e-9, 64 << 20, startup_share=0.5) == 1_000_000
+    assert bucket_bytes(1e-3, 1e-9, 4 << 20) == 4 << 20  # never above the fusion threshold
+    assert bucket_bytes(1e-9, 1e-9, 64 << 20) == MIN_BUCKET_BYTES
+    assert bucket_bytes(1e-3, 0.0, 64 << 20) == 64 << 20  # free bytes: the whole buffer
+    with pytest.raises(ValueError, match=">= 0"):
+        bucket_bytes(-1.0, 1e-9, 1 << 20)
+    with pytest.raises(ValueError, match="startup_share"):
+        bucket_bytes(1e-3, 1e-9, 1 << 20, startup_share=1.0)

@@ -141,7 +141,8 @@ def run_benchmark(args: argparse.Namespace) -> None:
         hierarchical_ranks_per_host=args.ranks_per_host,
     )
     algorithms: dict[str, Callable] = {
-        name: get_allreduce_algorithm(name) for name in ("mpi", "ordered", "ring", "rhd", "tree")
+        name: get_allreduce_algorithm(name)
+        for name in ("mpi", "ordered", "pipelined", "auto", "ring", "rhd", "tree")
     }
     algorithms[f"hierarchical ({hosts.host_count} host)"] = lambda c, s, r, op: hosts(s, r, op)
     algorithms[f"hierarchical ({args.ranks_per_host} ranks/host)"] = (

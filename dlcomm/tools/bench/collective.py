@@ -24,6 +24,7 @@ from dlcomm.tools.bench.plot import plot_busbw
 from dlcomm.tools.bench.table import format_header, format_row, write_json
 from dlcomm.tools.bench.timing import check_counts, summarize_times, time_in_blocks
 from dlcomm.tools.bench.units import algbw, busbw
+from dlcomm.tools.emulation.plan import parse_spec
 
 DLCOMM = "dlcomm"
 RAW = "mpi4py"
@@ -55,17 +56,29 @@ class CollectiveOptions:
             raise ValueError(f"sizes must be positive ints, got {self.sizes}")
 
 
+def link_gbps(emulate: str | None) -> float | None:
+    """The emulated link's rate in GB/s (each host, each way) for a ``DLCOMM_EMULATE`` value
+    such as ``4x1gbit``; None off the emulated cluster."""
+    if not emulate:
+        return None
+    return parse_spec(emulate).rate_bits / 8e9
+
+
 def _peer_figures(collective: str, nbytes: int, ranks: int, times: np.ndarray,
-                  ok: bool) -> dict[str, Any]:
+                  ok: bool, link: float | None = None) -> dict[str, Any]:
     stats = summarize_times(times)
     median = stats["median_s"]
-    return {**stats, "algbw_GBps": algbw(nbytes, median),
-            "busbw_GBps": busbw(collective, nbytes, median, ranks),
-            "check": "OK" if ok else "FAIL"}
+    figures = {**stats, "algbw_GBps": algbw(nbytes, median),
+               "busbw_GBps": busbw(collective, nbytes, median, ranks),
+               "check": "OK" if ok else "FAIL"}
+    if link:
+        # The distance to the physical limit: a ring-like collective cannot beat the link.
+        figures["busbw_of_link"] = figures["busbw_GBps"] / link
+    return figures
 
 
 def measure_size(opts: CollectiveOptions, nbytes: int, comm: Any,
-                 switch: EngineSwitch) -> dict[str, Any]:
+                 switch: EngineSwitch, link: float | None = None) -> dict[str, Any]:
     """One row: both peers timed and checked at ``nbytes``; identical on every rank."""
     from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
@@ -83,10 +96,12 @@ def measure_size(opts: CollectiveOptions, nbytes: int, comm: Any,
     n = comm.Get_size()
     row: dict[str, Any] = {
         "bytes": case.nbytes, "count": case.count, "dtype": case.dtype.name,
-        DLCOMM: _peer_figures(opts.collective, case.nbytes, n, times[0], bool(all_ok[0])),
+        DLCOMM: _peer_figures(opts.collective, case.nbytes, n, times[0], bool(all_ok[0]),
+                              link),
     }
     if case.run_raw is not None:
-        row[RAW] = _peer_figures(opts.collective, case.nbytes, n, times[1], bool(all_ok[1]))
+        row[RAW] = _peer_figures(opts.collective, case.nbytes, n, times[1], bool(all_ok[1]),
+                                 link)
         row["ratio"] = row[DLCOMM]["median_s"] / row[RAW]["median_s"]
         # Median of per-iteration ratios: iteration i of each peer ran in neighbouring
         # blocks, so this pairs them under nearly the same load (robust on a shared machine).
@@ -122,12 +137,16 @@ def run_collective_benchmark(opts: CollectiveOptions, out: TextIO | None = None
     if not 0 <= opts.root < n:
         raise ValueError(f"--root must be a rank in [0, {n}), got {opts.root}")
     printing = rank == 0 and out is not None
+    emulate = os.environ.get("DLCOMM_EMULATE", "")
+    link = link_gbps(emulate)
     result: dict[str, Any] = {
         "benchmark": opts.collective, "ranks": n, "dtype": np.dtype(opts.dtype).name,
         "op": opts.op, "root": opts.root, "warmup": opts.warmup, "iters": opts.iters,
         "timing": timing_text(opts.block, switch.raw_peer_engine),
         "raw_peer_engine": switch.raw_peer_engine, "block": opts.block,
-        "command": opts.argv, "emulate": os.environ.get("DLCOMM_EMULATE", ""),
+        "command": opts.argv, "emulate": emulate, "link_GBps": link,
+        "allreduce_algorithm": os.environ.get("DLCOMM_ALLREDUCE_ALGORITHM", "").strip()
+        or "auto",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": describe_machine() if rank == 0 else None,
         "rows": [],
@@ -136,7 +155,7 @@ def run_collective_benchmark(opts: CollectiveOptions, out: TextIO | None = None
         if printing:
             print(format_header(result), file=out, flush=True)
         for nbytes in opts.sizes:
-            row = measure_size(opts, nbytes, comm, switch)
+            row = measure_size(opts, nbytes, comm, switch, link)
             result["rows"].append(row)
             if printing:
                 print(format_row(row), file=out, flush=True)

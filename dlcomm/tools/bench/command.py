@@ -1,4 +1,5 @@
-"""``dlcomm bench ...``: collective bandwidth, fusion, and the report behind docs/benchmarks.md.
+"""``dlcomm bench ...``: collective bandwidth, latency, fusion, and the report behind
+docs/benchmarks.md.
 
 The collective and fusion benchmarks run on every rank of a job
 (``dlcommrun -np 4 dlcomm bench allreduce -b 4K -e 64M -f 4``; rank 0 prints);
@@ -71,12 +72,33 @@ def _add_collective(actions: argparse._SubParsersAction, collective: str) -> Non
     p.set_defaults(func=run_collective, collective=collective)
 
 
+def _add_latency(actions: argparse._SubParsersAction) -> None:
+    p = actions.add_parser(
+        "latency", help="small synchronous all-reduces, dlcomm against raw mpi4py",
+        description="Time a synchronous dlcomm.allreduce of small buffers (default 4 KiB: the "
+        "engine's per-request cost) against the raw mpi4py Allreduce, in alternating blocks "
+        "(run under dlcommrun; rank 0 prints). The same table as `dlcomm bench allreduce`.")
+    p.add_argument("--sizes", type=size_list_arg, default=[parse_size("4K")], metavar="LIST",
+                   help="sizes, e.g. 4K or 8,4K,64K (default 4K)")
+    p.add_argument("-w", "--warmup", type=count_arg(0), default=20, metavar="N",
+                   help="untimed iterations before each block (default 20)")
+    p.add_argument("-n", "--iters", type=count_arg(1), default=200, metavar="N",
+                   help="timed iterations per size; the median is reported (default 200)")
+    p.add_argument("-d", "--dtype", default="float32", choices=DTYPES,
+                   help="element type (default float32)")
+    p.add_argument("--block", type=count_arg(1), default=50, metavar="N",
+                   help="peers alternate in blocks of N timed iterations (default 50)")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON (rank 0)")
+    p.set_defaults(func=run_collective, collective="allreduce", op="sum", root=0)
+
+
 def _add_fusion(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser(
         "fusion", help="N small async all-reduces against one concatenated raw call",
         description="N tensors of S bytes all-reduced with allreduce_async + synchronize, "
-        "with grouped_allreduce, with one raw Allreduce of the same bytes concatenated, and "
-        "with N raw Allreduce calls (run under dlcommrun; rank 0 prints).")
+        "with one allreduce_async_batch, with grouped_allreduce, with one raw Allreduce of the "
+        "same bytes concatenated, and with N raw Allreduce calls (run under dlcommrun; rank 0 "
+        "prints).")
     p.add_argument("--tensors", type=count_arg(1), default=200, help="N (default 200)")
     p.add_argument("--tensor-bytes", type=size_arg, default=40_000, metavar="SIZE",
                    help="bytes per tensor (default 40000)")
@@ -133,6 +155,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="bench_action", metavar="ACTION", required=True)
     for collective in COLLECTIVES:
         _add_collective(actions, collective)
+    _add_latency(actions)
     _add_fusion(actions)
     _add_report(actions)
     for name, module in EXTERNAL_ACTIONS.items():
@@ -149,7 +172,7 @@ def run_collective(args: argparse.Namespace) -> int:
     opts = CollectiveOptions(args.collective, sizes, args.warmup, args.iters, args.dtype,
                              args.op, args.root, args.block, _argv())
     opts.validate()
-    return main_collective(opts, args.json, args.plot)
+    return main_collective(opts, args.json, getattr(args, "plot", None))
 
 
 def run_fusion(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -285,31 +285,39 @@ def section_allreduce_emulated(ctx: ReportContext) -> Section:
 
 
 def section_train(ctx: ReportContext) -> Section:
-    """Training throughput of the torch adapter, dense against fp16, with scaling efficiency
-    against one rank: on shared memory, and on the emulated cluster when it is available."""
-    title = "Training throughput: dense against fp16 compression"
+    """Training throughput of the torch adapter against torch DDP (dense against DDP's
+    all-reduce, fp16 and PowerSGD against its hooks), with scaling efficiency against one
+    rank: on shared memory, and on the emulated cluster when it is available."""
+    title = "Training throughput against torch DDP: dense, fp16 and PowerSGD"
     iters = 2 if ctx.quick else 5
-    command = (f"dlcomm bench train --np {ctx.np} --model mlp --configs none,fp16 "
-               f"--iters {iters}")
+    repeats = 1 if ctx.quick else 3
+    settings = train.TrainSettings(model="mlp", iters=iters)
     parts = []
-    runs = [("shared memory", None)]
+    # PowerSGD only pays where the network is slow: it runs on the emulated cluster only.
+    runs = [("shared memory", None, ["none", "fp16"])]
     if not emulation_unavailable():
-        runs.append((f"emulated `{EMULATED_SPEC}`", EMULATED_SPEC))
-    for where, emulate in runs:
+        runs.append((f"emulated `{EMULATED_SPEC}`", EMULATED_SPEC,
+                     ["none", "fp16", "powersgd:rank=4"]))
+    for where, emulate, configs in runs:
         load = os.getloadavg()
         try:
-            rows = train.measure(ctx.np, "mlp", ["none", "fp16"], ["wfbp"], 32, iters,
-                                 emulate)
+            rows = train.measure(ctx.np, configs, ["wfbp"],
+                                 replace(settings, emulate=emulate), repeats)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             parts.append(f"### {where}\n\nFailed: {exc}\n")
             continue
         name = f"train_{'emulated' if emulate else 'shm'}.png"
         train.plot(rows, str(ctx.assets / name))
-        cmd = command + (f" --emulate {emulate}" if emulate else "")
+        cmd = (f"dlcomm bench train --np {ctx.np} --model mlp --configs "
+               f"\"{';'.join(configs)}\" --iters {iters} --repeats {repeats}"
+               + (f" --emulate {emulate}" if emulate else ""))
         parts.append(f"### {where}\n\n    {cmd}\n\nLoad average before: {load[0]:.1f}. "
                      f"Model `mlp` (6.3M parameters, 25 MB of gradients per step), batch 32 "
-                     f"per rank. Scaling efficiency is N-rank samples/s over N times one "
-                     f"rank's.\n\n{train.markdown_table(rows)}\n"
+                     f"per rank, SGD with momentum 0.9. dlcomm / DDP speed: dlcomm's samples/s "
+                     f"over torch DDP's (gloo; `fp16_compress_hook` for fp16, `powerSGD_hook` "
+                     f"for PowerSGD), ratio of the "
+                     f"medians (median of the per-round ratios). Scaling efficiency is N-rank "
+                     f"samples/s over N times one rank's.\n\n{train.markdown_table(rows)}\n"
                      f"![{where}]({ctx.assets.name}/{name})\n")
     return Section(title, "\n".join(parts))
 

@@ -46,13 +46,19 @@ def format_header(result: dict[str, Any]) -> str:
     width = len(_PEER_COLS.format("", "", "", ""))
     peers = "  ".join(f"{_PEER_TITLES[p]:-^{width}}" for p in PEERS)
     cols = _PEER_COLS.format("time(us)", "algbw(GB/s)", "busbw(GB/s)", "check")
-    return "\n".join([
+    link = result.get("link_GBps")
+    lines = [
         f"# dlcomm bench {result['benchmark']}: {result['ranks']} ranks, {result['dtype']}{op}"
         f"{emulate}; {result['warmup']} warm-up + {result['iters']} timed iterations",
         f"# time: {result['timing']}",
-        f"# {'':>9} {'':>11}  {peers}",
-        f"# {'size':>9} {'count':>11}  {cols}  {cols}  {'dlcomm/raw':>10} {'paired':>7}",
-    ])
+    ]
+    if link:
+        lines.append(f"# link: {link:.3f} GB/s per host each way; 'of link' = busbw / link "
+                     "(dlcomm, raw)")
+    lines += [f"# {'':>9} {'':>11}  {peers}",
+              f"# {'size':>9} {'count':>11}  {cols}  {cols}  {'dlcomm/raw':>10} {'paired':>7}"
+              + (f" {'of link':>13}" if link else "")]
+    return "\n".join(lines)
 
 
 def _peer_cells(figures: dict[str, Any]) -> str:
@@ -67,8 +73,16 @@ def format_row(row: dict[str, Any]) -> str:
     if not isinstance(row, dict) or "bytes" not in row:
         raise TypeError("expected a result row dict (with 'bytes')")
     cells = "  ".join(_peer_cells(row[p]) for p in PEERS)
-    return (f"  {format_size(row['bytes']):>9} {row['count']:>11}  {cells}  "
+    text = (f"  {format_size(row['bytes']):>9} {row['count']:>11}  {cells}  "
             f"{format_ratio(row.get('ratio')):>10} {format_ratio(row.get('ratio_paired')):>7}")
+    if "busbw_of_link" in row["dlcomm"]:
+        text += f" {_of_link(row['dlcomm']):>6} {_of_link(row['mpi4py']):>6}"
+    return text
+
+
+def _of_link(figures: dict[str, Any]) -> str:
+    """busbw as a fraction of the emulated link, or n/a."""
+    return f"{figures['busbw_of_link']:.2f}" if "busbw_of_link" in figures else "n/a"
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -80,10 +94,12 @@ def format_table(result: dict[str, Any]) -> str:
 def markdown_table(result: dict[str, Any]) -> str:
     """The result as a Markdown table for docs/benchmarks.md."""
     _check_result(result)
+    link = bool(result.get("link_GBps"))
     lines = [
         "| size | dlcomm time (us) | dlcomm busbw (GB/s) | mpi4py time (us) "
-        "| mpi4py busbw (GB/s) | dlcomm / mpi4py time | paired ratio | check |",
-        "|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| mpi4py busbw (GB/s) | dlcomm / mpi4py time | paired ratio | check |"
+        + (" busbw / link (dlcomm, mpi4py) |" if link else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|:---:|" + ("---:|" if link else ""),
     ]
     for row in result["rows"]:
         dl, raw = row["dlcomm"], row["mpi4py"]
@@ -93,7 +109,8 @@ def markdown_table(result: dict[str, Any]) -> str:
         lines.append(f"| {format_size(row['bytes'])} | {format_us(dl['median_s'])} "
                      f"| {dl['busbw_GBps']:.3f} | {raw_time} | {raw_bw} "
                      f"| {format_ratio(row.get('ratio'))} "
-                     f"| {format_ratio(row.get('ratio_paired'))} | {check} |")
+                     f"| {format_ratio(row.get('ratio_paired'))} | {check} |"
+                     + (f" {_of_link(dl)}, {_of_link(raw)} |" if link else ""))
     return "\n".join(lines) + "\n"
 
 

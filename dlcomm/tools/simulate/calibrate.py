@@ -13,8 +13,14 @@ when only one rank count was measured) is fixed (at 0, or at a prior given with
 A bench JSON's topology: ``emulate`` (``"4x1gbit"`` -> 4 hosts) and ``ranks`` give hosts and
 slots per host; without ``emulate`` all ranks share one host. The all-reduce algorithm is
 not in the bench JSON: it comes from ``setup.allreduce_algorithm`` of a file the
-measurement campaign wrote (``campaign.py``) or from ``algorithm=`` (default ``ring``, which
-the campaign sets with ``DLCOMM_ALLREDUCE_ALGORITHM``).
+measurement campaign wrote (``campaign.py``, which sets ``DLCOMM_ALLREDUCE_ALGORITHM`` in
+every job) or from ``algorithm=`` (default ``ordered``, the engine's default). It decides
+the model of ``allreduce`` rows and of ``reducescatter`` rows (the engine's reduce-scatter
+is the ordered one under ``ordered``, MPI's own, modelled as a ring, under the others);
+``allgather`` is MPI's under every algorithm. ``ordered`` has no parameters of its own: its
+all-to-all and all-gather are messages (``alpha``, ``beta`` or their in-host pair) and its
+reduction in rank order is ``gamma``. MPI's own all-reduce (``mpi``, ``native``) changes
+algorithm with size and rank count and is refused.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import numpy as np
 
 from dlcomm.tools.simulate import collectives
 from dlcomm.tools.simulate.compressors import MeasuredCost
+from dlcomm.tools.simulate.methods import DEFAULT_ALGORITHM, normalize_algorithm
 from dlcomm.tools.simulate.network import PARAM_NAMES, Cost, CostParams, Topology
 
 PEERS = ("dlcomm", "mpi4py")
@@ -41,23 +48,29 @@ UNIDENTIFIED_ORDER = ("gamma", "overhead", "alpha_local", "beta_local", "alpha",
 @dataclasses.dataclass(frozen=True)
 class Measurement:
     """One measured collective: kind, bytes (the bench's size convention), topology,
-    all-reduce algorithm, and the median seconds."""
+    all-reduce algorithm (``DLCOMM_ALLREDUCE_ALGORITHM`` of the run), the median seconds,
+    and the bytes per element (``ordered`` splits buffers into whole elements)."""
 
     collective: str
     nbytes: float
     topology: Topology
     seconds: float
-    algorithm: str = "ring"
+    algorithm: str = DEFAULT_ALGORITHM
     source: str = ""
+    itemsize: int = collectives.DEFAULT_ITEMSIZE
 
     def cost(self) -> Cost:
         """The model's linear form for this measurement."""
         topo = self.topology
         if self.collective == "allreduce":
+            if self.algorithm == "ordered":
+                return collectives.ordered_allreduce(self.nbytes, topo, self.itemsize)
             return collectives.allreduce(self.algorithm, self.nbytes, topo)
         if self.collective == "allgather":  # size = the gathered output
             return collectives.ring_allgather(self.nbytes / topo.workers, topo)
         if self.collective == "reducescatter":  # size = the input
+            if self.algorithm == "ordered":
+                return collectives.ordered_reduce_scatter(self.nbytes, topo, self.itemsize)
             return collectives.ring_reduce_scatter(self.nbytes, topo)
         if self.collective == "broadcast":
             return collectives.binomial_broadcast(self.nbytes, topo)
@@ -83,7 +96,9 @@ def measurements_from_result(result: Mapping[str, Any], *, peer: str = "dlcomm",
                              algorithm: str | None = None, source: str = "",
                              min_bytes: float = 0.0) -> list[Measurement]:
     """The rows of one ``dlcomm bench <collective> --json`` result (optionally wrapped by the
-    campaign as ``{"setup": ..., "result": ...}``) as measurements of ``peer``."""
+    campaign as ``{"setup": ..., "result": ...}``) as measurements of ``peer``. The raw
+    ``mpi4py`` peer always runs MPI's own collectives, whatever the run's algorithm: its
+    all-reduce rows need ``algorithm=`` to say which model stands for MPI's choice."""
     if peer not in PEERS:
         raise ValueError(f"peer must be one of {PEERS}, got {peer!r}")
     setup = dict(result.get("setup", {}) or {})
@@ -91,19 +106,26 @@ def measurements_from_result(result: Mapping[str, Any], *, peer: str = "dlcomm",
     if "benchmark" not in inner or "rows" not in inner:
         raise ValueError(f"{source or 'result'}: not a `dlcomm bench` collective JSON (needs "
                          "'benchmark' and 'rows')")
-    algo = algorithm or setup.get("allreduce_algorithm") or "ring"
-    if algo == "native":
-        raise ValueError(f"{source}: measured with MPI's native all-reduce, whose algorithm "
-                         "the model does not know; measure with DLCOMM_ALLREDUCE_ALGORITHM="
-                         "ring (or rhd, tree, hierarchical)")
+    ran = "mpi" if peer == "mpi4py" else setup.get("allreduce_algorithm")
+    algo = normalize_algorithm(algorithm or ran or DEFAULT_ALGORITHM)
+    if algo == "mpi" and inner["benchmark"] == "allreduce":
+        if peer == "mpi4py":
+            raise ValueError(f"{source}: the mpi4py peer times MPI's own all-reduce, whose "
+                             "algorithm the model does not know; give --algorithm ring (or "
+                             "rhd) to fit it as that, or leave out the all-reduce files")
+        raise ValueError(f"{source}: measured with MPI's own all-reduce (mpi, formerly "
+                         "native), whose algorithm the model does not know; measure with "
+                         "DLCOMM_ALLREDUCE_ALGORITHM=ordered (or ring, rhd, tree, "
+                         "hierarchical)")
     topo = topology_of({**inner, "setup": setup})
     out = []
     for row in inner["rows"]:
         figures = row.get(peer, {})
         if "median_s" not in figures or row["bytes"] < min_bytes:
             continue
+        itemsize = np.dtype(row.get("dtype") or inner.get("dtype") or "float32").itemsize
         out.append(Measurement(inner["benchmark"], float(row["bytes"]), topo,
-                               float(figures["median_s"]), algo, source))
+                               float(figures["median_s"]), algo, source, itemsize))
     return out
 
 

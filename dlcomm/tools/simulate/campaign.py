@@ -2,22 +2,31 @@
 (``dlcomm simulate measure calibration|validation --out DIR``; needs root for
 ``--emulate``). These are timings: run them on a quiet machine.
 
-* calibration: ``dlcomm bench allreduce`` (every algorithm the simulator models, set with
-  ``DLCOMM_ALLREDUCE_ALGORITHM``), ``allgather`` and ``reducescatter`` on shared memory (2
-  and 4 ranks: the in-host parameters) and on ``2x1gbit``, ``4x1gbit``, ``8x1gbit`` and
-  ``2x1gbit`` with 2 slots per host; each bench JSON is wrapped with its setup.
-* validation: ``examples/torch_mnist.py --phase-times --json`` for every method on the same
-  clusters (and a one-rank run per model for the optimizer step), each wrapped with the
-  setup ``dlcomm simulate validate`` needs.
+Every job sets ``DLCOMM_ALLREDUCE_ALGORITHM`` explicitly (the engine's default may change
+again) and records it in its setup as ``allreduce_algorithm``.
 
-``--dry-run`` prints the commands; ``--quick`` runs a small subset with tiny sizes and few
-iterations, to check the plumbing end to end (its figures mean nothing).
+* calibration: ``dlcomm bench allreduce`` (every algorithm the simulator models: ordered,
+  ring, rhd, tree and, with several hosts or 4 ranks, hierarchical), ``allgather`` (MPI's
+  under any algorithm) and ``reducescatter`` (the engine's: the ordered one under
+  ``ordered``, MPI's own under ``mpi``) on shared memory (2 and 4 ranks: the in-host
+  parameters) and on ``2x1gbit``, ``4x1gbit``, ``8x1gbit`` and ``2x1gbit`` with 2 slots per
+  host, all at the same sizes; each bench JSON is wrapped with its setup.
+* validation: ``examples/torch_mnist.py --phase-times --json`` for every method on the same
+  clusters (and a one-rank run per model for the optimizer step), with ``ordered`` unless
+  the method names another algorithm, each wrapped with the setup ``dlcomm simulate
+  validate`` needs.
+
+``--dry-run`` prints the commands and how many jobs there are; ``--only REGEX`` keeps the
+jobs whose name matches (``re.search``), to run part of a campaign in a quiet window;
+``--quick`` runs a small subset with tiny sizes and few iterations, to check the plumbing
+end to end (its figures mean nothing).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -32,6 +41,7 @@ CLUSTERS = (("2x1gbit", 1), ("4x1gbit", 1), ("8x1gbit", 1), ("2x1gbit", 2))
 SHARED_MEMORY_RANKS = (2, 4)
 CALIBRATION_SIZES = "4K,64K,1M,4M,16M,64M"
 ALGORITHM_ENV = "DLCOMM_ALLREDUCE_ALGORITHM"
+DEFAULT_ALGORITHM = "ordered"  # the engine's default, set explicitly all the same
 STRAGGLER = "compute=1:0.5,seed=1"
 CONGESTION = "congest=1:100mbit:1:3,seed=1"
 
@@ -77,37 +87,46 @@ def calibration_jobs(out: Path, *, quick: bool = False) -> list[Job]:
     for emulate, slots, np_ in places:
         where = f"{emulate}x{slots}" if emulate else f"shm{np_}"
         hosts = int(emulate.split("x")[0]) if emulate else 1
-        algorithms = ["ring"] if quick else ["ring", "rhd", "tree"]
+        algorithms = ["ordered"] if quick else ["ordered", "ring", "rhd", "tree"]
         if not quick and (hosts > 1 or np_ > 2):
             algorithms.append("hierarchical")
-        benches = [("allreduce", a) for a in algorithms] + [("allgather", ""),
-                                                            ("reducescatter", "")]
-        for bench, algorithm in benches:
-            stem = f"{bench}_{algorithm}" if algorithm else bench
+        # (bench, DLCOMM_ALLREDUCE_ALGORITHM, whether the algorithm names the job): the
+        # all-gather is MPI's under any algorithm; the engine's reduce-scatter is the
+        # ordered one under ordered and MPI's own under mpi (and every other algorithm).
+        benches = [("allreduce", a, True) for a in algorithms]
+        benches += [("allgather", DEFAULT_ALGORITHM, False),
+                    ("reducescatter", "ordered", True)]
+        if not quick:
+            benches.append(("reducescatter", "mpi", True))
+        for bench, algorithm, named in benches:
+            stem = f"{bench}_{algorithm}" if named else bench
             path = out / "calibration" / f"{stem}_{where}.json"
             cmd = _launcher(emulate, slots, np_) + [
                 sys.executable, "-m", "dlcomm.cli.main", "bench", bench, "--sizes", sizes,
                 *iters, "--json", str(path)]
-            env = ((ALGORITHM_ENV, algorithm),) if algorithm else ()
             setup = {"emulate": emulate or "", "slots_per_host": slots,
-                     "allreduce_algorithm": algorithm or "ring"}
-            jobs.append(Job(path.stem, tuple(cmd), env, path, setup))
+                     "allreduce_algorithm": algorithm}
+            jobs.append(Job(path.stem, tuple(cmd), ((ALGORITHM_ENV, algorithm),), path, setup))
     return jobs
 
 
 def _methods(workers: int, quick: bool) -> list[tuple[str, list[str], dict[str, str]]]:
-    """(simulator method, demo arguments, environment) for every method at ``workers``."""
-    ring = {ALGORITHM_ENV: "ring"}
+    """(simulator method, demo arguments, environment) for every method at ``workers``; a
+    method that names no algorithm runs the engine's default, ``ordered``."""
+    default = {ALGORITHM_ENV: DEFAULT_ALGORITHM}
     if quick:
-        return [("dense", [], ring), ("acpsgd:rank=4", ["--compression", "acpsgd:rank=4"], ring)]
-    out: list[tuple[str, list[str], dict[str, str]]] = [("dense", [], ring)]
-    out += [(f"dense {a}", [], {ALGORITHM_ENV: a}) for a in ("rhd", "tree", "hierarchical")]
-    out += [(f"dense schedule={s}", ["--schedule", s], ring) for s in ("none", "mgwfbp", "dear")]
+        return [("dense", [], default),
+                ("acpsgd:rank=4", ["--compression", "acpsgd:rank=4"], default)]
+    out: list[tuple[str, list[str], dict[str, str]]] = [("dense", [], default)]
+    out += [(f"dense {a}", [], {ALGORITHM_ENV: a})
+            for a in ("ring", "rhd", "tree", "hierarchical")]
+    out += [(f"dense schedule={s}", ["--schedule", s], default)
+            for s in ("none", "mgwfbp", "dear")]
     for spec in ("fp16", "topk:ratio=0.01", "gtopk:ratio=0.01", "randomk:ratio=0.01",
                  "powersgd:rank=4", "acpsgd:rank=4", "efsignsgd", "signum", "qsgd:levels=16"):
-        out.append((spec, ["--compression", spec], ring))
+        out.append((spec, ["--compression", spec], default))
     if workers >= 4:
-        out.append(("dssync:group_size=2", ["--sync", "dssync:group_size=2"], ring))
+        out.append(("dssync:group_size=2", ["--sync", "dssync:group_size=2"], default))
     return out
 
 
@@ -127,12 +146,13 @@ def validation_jobs(out: Path, *, quick: bool = False, model: str = "mlp") -> li
             "--model", model_, "--batch-size", str(batch), *args, "--json", str(path)]
         setup = {"emulate": emulate or "", "slots_per_host": slots, "model": zoo[model_],
                  "method": method, "heterogeneity": hetero, "batch_size": batch,
-                 "allreduce_algorithm": env.get(ALGORITHM_ENV, "native")}
+                 "allreduce_algorithm": env[ALGORITHM_ENV]}
         jobs.append(Job(name, tuple(cmd), tuple(env.items()), path, setup))
 
+    default = {ALGORITHM_ENV: DEFAULT_ALGORITHM}
     models = [(model, 32)] + ([] if quick else [("cnn", 256)])
     for m, batch in models:
-        add(f"reference_{m}{batch}", None, 1, 1, "dense", [], {}, m, batch)
+        add(f"reference_{m}{batch}", None, 1, 1, "dense", [], default, m, batch)
     clusters = [("2x1gbit", 1)] if quick else list(CLUSTERS)
     for spec, slots in clusters:
         hosts = int(spec.split("x")[0])
@@ -143,26 +163,43 @@ def validation_jobs(out: Path, *, quick: bool = False, model: str = "mlp") -> li
             add(f"{tag}_{model}_{safe}", spec, slots, 0, method, args, env, model, 32)
         if quick:
             continue
-        ring = {ALGORITHM_ENV: "ring"}
         # LB-BSP against BSP with host 1 at half compute speed (docs/heterogeneity.md's setup)
         for method, args in (("dense", []), ("lbbsp", ["--sync", "lbbsp"])):
-            add(f"{tag}_cnn256_{method}_straggler", spec, slots, 0, method, args, ring, "cnn",
-                256, STRAGGLER)
+            add(f"{tag}_cnn256_{method}_straggler", spec, slots, 0, method, args, default,
+                "cnn", 256, STRAGGLER)
         # DLCP's bounded loss against the lossless all-reduce, host 1's link congested
         for method, args in (("dense", []), ("loss_tolerance=0.1",
                                              ["--loss-tolerance", "0.1"])):
             safe = method.replace("=", "")
-            add(f"{tag}_{model}_{safe}_congested", spec, slots, 0, method, args, ring, model,
-                32, CONGESTION)
+            add(f"{tag}_{model}_{safe}_congested", spec, slots, 0, method, args, default,
+                model, 32, CONGESTION)
     return jobs
+
+
+def select_jobs(jobs: Sequence[Job], only: str | None) -> list[Job]:
+    """The jobs whose name matches the regular expression ``only`` (``re.search``; None:
+    all of them); ValueError for a bad expression or one that matches no job."""
+    if only is None:
+        return list(jobs)
+    try:
+        pattern = re.compile(only)
+    except re.error as exc:
+        raise ValueError(f"--only {only!r} is not a regular expression: {exc}") from None
+    chosen = [job for job in jobs if pattern.search(job.name)]
+    if not chosen:
+        names = ", ".join(job.name for job in jobs[:5])
+        raise ValueError(f"--only {only!r} matches none of the {len(jobs)} jobs (their "
+                         f"names look like {names}, ...; --dry-run lists them)")
+    return chosen
 
 
 def run_jobs(jobs: Sequence[Job], *, dry_run: bool = False, timeout_s: float = 1800,
              keep_going: bool = False) -> int:
-    """Run each job, wrap its JSON as ``{"setup", "command", "result"}``; 1 if any failed."""
+    """Run each job, wrap its JSON as ``{"setup", "command", "result"}``; 1 if any failed.
+    ``dry_run`` prints each job's name and command, then how many jobs there are."""
     failed = 0
     for i, job in enumerate(jobs, start=1):
-        print(f"[{i}/{len(jobs)}] {job.shell()}", flush=True)
+        print(f"[{i}/{len(jobs)}] {job.name}: {job.shell()}", flush=True)
         if dry_run:
             continue
         job.json_path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,4 +221,6 @@ def run_jobs(jobs: Sequence[Job], *, dry_run: bool = False, timeout_s: float = 1
                    "load_average": os.getloadavg()}
         job.json_path.write_text(json.dumps(wrapped, indent=1) + "\n")
         print(f"    ok, {time.time() - start:.0f} s", flush=True)
+    if dry_run:
+        print(f"{len(jobs)} job{'s' if len(jobs) != 1 else ''} (dry run: nothing ran)")
     return 1 if failed else 0

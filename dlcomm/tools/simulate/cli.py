@@ -6,7 +6,7 @@ measurements calibration and validation need.
     dlcomm simulate calibrate calibration/*.json -o network.json
     dlcomm simulate validate validation/*.json --params network.json
     dlcomm simulate seeds --out docs/simulation
-    dlcomm simulate measure calibration --out runs [--quick] [--dry-run]
+    dlcomm simulate measure calibration --out runs [--quick] [--dry-run] [--only REGEX]
 """
 from __future__ import annotations
 
@@ -133,8 +133,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, metavar="JSON")
     p.add_argument("--peer", default="dlcomm", choices=("dlcomm", "mpi4py"),
                    help="whose times to fit (default dlcomm: the engine included)")
-    p.add_argument("--algorithm", default=None, help="all-reduce algorithm of files without "
-                   "a campaign setup (default ring)")
+    p.add_argument("--algorithm", default=None, help="DLCOMM_ALLREDUCE_ALGORITHM of files "
+                   "without a campaign setup: ordered (the engine's default, and this one's), "
+                   "ring, rhd, tree, hierarchical")
     p.add_argument("--prior", action="append", default=[], metavar="NAME=VALUE",
                    help="fix a parameter instead of fitting it (repeatable)")
     p.add_argument("--min-bytes", type=float, default=0.0, help="ignore smaller sizes")
@@ -168,7 +169,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("stage", choices=("calibration", "validation"))
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--quick", action="store_true", help="a tiny subset: checks the plumbing")
-    p.add_argument("--dry-run", action="store_true", help="print the commands only")
+    p.add_argument("--dry-run", action="store_true", help="print the jobs' names and "
+                   "commands and how many there are; run nothing")
+    p.add_argument("--only", default=None, metavar="REGEX", help="run only the jobs whose "
+                   "name matches (Python re.search; --dry-run shows the names), e.g. "
+                   "'^4x1gbitx1_' or 'allreduce_ordered'")
     p.add_argument("--keep-going", action="store_true", help="continue after a failed run")
     p.add_argument("--model", default="mlp", choices=("mlp", "cnn"),
                    help="validation: the demo's model (default mlp)")
@@ -471,7 +476,11 @@ def run_measure(args: argparse.Namespace) -> int:
     out = Path(args.out)
     jobs = (campaign.calibration_jobs(out, quick=args.quick) if args.stage == "calibration"
             else campaign.validation_jobs(out, quick=args.quick, model=args.model))
-    status = campaign.run_jobs(jobs, dry_run=args.dry_run, keep_going=args.keep_going)
+    chosen = campaign.select_jobs(jobs, args.only)
+    if args.only is not None:
+        print(f"--only {args.only!r}: {len(chosen)} of the {len(jobs)} {args.stage} jobs",
+              flush=True)
+    status = campaign.run_jobs(chosen, dry_run=args.dry_run, keep_going=args.keep_going)
     if not args.dry_run and status == 0:
         follow = (f"dlcomm simulate calibrate {out}/calibration/*.json -o {out}/network.json"
                   if args.stage == "calibration" else

@@ -1,9 +1,11 @@
 """Cost of each collective dlcomm runs, as a ``Cost`` (a linear form over the parameters).
 
-The formulas follow dlcomm's own algorithms (docs/collectives.md): ring, recursive
-halving-doubling (Rabenseifner, with the fold for non-powers of two), binomial tree
-(reduce + broadcast), hierarchical (tree inside a host, a flat algorithm among host leaders),
-ring reduce-scatter and all-gather (DeAR's halves), all-gather of unequal payloads (top-k,
+The formulas follow dlcomm's own algorithms (docs/collectives.md): ``ordered`` (the
+engine's default: an all-to-all, a reduction in rank order and an all-gather, or one
+all-gather of whole buffers when they are small), ring, recursive halving-doubling
+(Rabenseifner, with the fold for non-powers of two), binomial tree (reduce + broadcast),
+hierarchical (tree inside a host, a flat algorithm among host leaders), ring and ordered
+reduce-scatter and the all-gather (DeAR's halves), all-gather of unequal payloads (top-k,
 sign methods) and gTop-k's recursive-doubling merge tree.
 
 Placement: ranks fill hosts in order. A step whose partners sit on one host costs
@@ -20,8 +22,14 @@ import math
 
 from dlcomm.tools.simulate.network import ZERO_COST, Cost, Topology
 
-ALLREDUCE_ALGORITHMS = ("ring", "rhd", "tree", "hierarchical")
+ALLREDUCE_ALGORITHMS = ("ordered", "ring", "rhd", "tree", "hierarchical")
 FLAT_ALGORITHMS = ("ring", "rhd", "tree")
+# dlcomm.collectives.ordered.SMALL_GATHER_BYTES (mirrored: importing the library's
+# collectives starts MPI; a test checks they agree): an all-reduce whose p copies of the
+# buffer fit in this many bytes all-gathers them whole.
+ORDERED_SMALL_GATHER_BYTES = 64 * 1024
+# Bytes per element when ``ordered`` splits a buffer into blocks of whole elements (float32).
+DEFAULT_ITEMSIZE = 4
 
 
 def _check_bytes(n: float) -> float:
@@ -64,6 +72,68 @@ def _tree_step(nbytes: float, topo: Topology, distance: int) -> Cost:
 
 def _ring_step(nbytes: float, topo: Topology) -> Cost:
     return link_step(nbytes, topo, crosses=topo.hosts > 1)
+
+
+def _alltoall(block: float, topo: Topology) -> Cost:
+    """Every rank sends ``block`` bytes to every other rank (Open MPI's alltoallv).
+
+    Open MPI 4.1's tuned component runs a pairwise exchange below 4 ranks (step k: send to
+    rank + k, receive from rank - k) and posts every message at once from 4 to 63 ranks;
+    both send ``p - 1`` messages per rank and put the same bytes on every host's link. The
+    model is the pairwise schedule: at step ``k = q s + t`` (``s`` slots per host) the
+    ``s - t`` ranks of a host whose partner is ``q`` hosts on and the ``t`` ranks whose
+    partner is ``q + 1`` hosts on cross the network unless that partner host is their own,
+    and those that cross share the link; a step without crossing is a step inside the host.
+    """
+    p, s, h = topo.workers, topo.slots_per_host, topo.hosts
+    steps: dict[int, int] = {}  # ranks of a host crossing at a step -> number of such steps
+    for k in range(1, p):
+        q, t = divmod(k, s)
+        crossing = (s - t) * (q % h != 0) + t * ((q + 1) % h != 0)
+        steps[crossing] = steps.get(crossing, 0) + 1
+    cost = ZERO_COST
+    for crossing, count in sorted(steps.items()):
+        step = link_step(block, topo, crosses=crossing > 0, sharing=max(crossing, 1))
+        cost = cost + step.times(count)
+    return cost
+
+
+def _largest_block(n: float, p: int, itemsize: int) -> float:
+    """Bytes of the largest of the ``p`` blocks ``ordered`` splits ``n`` bytes into: whole
+    elements, the first ``elements % p`` blocks one element longer (``equal_counts``)."""
+    return math.ceil(math.ceil(n / itemsize) / p) * itemsize
+
+
+def _check_itemsize(itemsize: int) -> int:
+    if isinstance(itemsize, bool) or not isinstance(itemsize, int) or itemsize < 1:
+        raise ValueError(f"itemsize must be an int >= 1 (bytes per element), got {itemsize!r}")
+    return itemsize
+
+
+def _ordered_reduce_scatter(n: float, topo: Topology, itemsize: int) -> Cost:
+    p = topo.workers
+    if p == 1 or n == 0:  # nothing to send: the transport returns at once
+        return ZERO_COST
+    block = _largest_block(n, p, itemsize)
+    # The slowest rank (a largest block) receives p - 1 copies of it and reduces them in
+    # rank order into its block: p - 1 element-wise sums of the block.
+    return _alltoall(block, topo) + Cost(gamma=(p - 1) * block)
+
+
+def _ordered_allreduce(n: float, topo: Topology, itemsize: int) -> Cost:
+    p = topo.workers
+    if p == 1 or n == 0:
+        return ZERO_COST
+    if n * p <= ORDERED_SMALL_GATHER_BYTES:  # all-gather the whole buffers, reduce locally
+        return _ring_allgather(n, topo) + Cost(gamma=(p - 1) * n)
+    block = _largest_block(n, p, itemsize)
+    return _ordered_reduce_scatter(n, topo, itemsize) + _ring_allgather(block, topo)
+
+
+def _ring_allgather(per_rank: float, topo: Topology) -> Cost:
+    if topo.workers == 1:
+        return ZERO_COST
+    return _ring_step(per_rank, topo).times(topo.workers - 1)
 
 
 def _with_call(cost: Cost, topo: Topology) -> Cost:
@@ -144,14 +214,40 @@ def hierarchical_allreduce(n: float, topo: Topology, leader_algorithm: str = "ri
     return _with_call(_hierarchical_allreduce(_check_bytes(n), topo, leader_algorithm), topo)
 
 
+def ordered_allreduce(n: float, topo: Topology, itemsize: int = DEFAULT_ITEMSIZE) -> Cost:
+    """dlcomm's ``ordered`` all-reduce of ``n`` bytes (elements of ``itemsize`` bytes).
+
+    When the ``p`` copies fit in ``ORDERED_SMALL_GATHER_BYTES``: one all-gather of the
+    whole buffers and ``p - 1`` sums of ``n`` bytes. Otherwise the ordered reduce-scatter
+    (an all-to-all of blocks of ``n/p``, rounded up to whole elements, and ``p - 1`` sums
+    of a block) and an all-gather of the reduced blocks. MPI's all-gather is modelled as a
+    ring (the same bytes as every algorithm Open MPI picks for it), as calibration models
+    ``dlcomm bench allgather``.
+    """
+    return _with_call(_ordered_allreduce(_check_bytes(n), topo, _check_itemsize(itemsize)),
+                      topo)
+
+
+def ordered_reduce_scatter(n: float, topo: Topology, itemsize: int = DEFAULT_ITEMSIZE) -> Cost:
+    """dlcomm's ``ordered`` reduce-scatter of ``n`` bytes (the engine's reduce-scatter, and
+    DeAR's first half, when ``DLCOMM_ALLREDUCE_ALGORITHM=ordered``): every rank sends each
+    other rank its copy of that rank's block (``p - 1`` messages of the largest block) and
+    reduces the ``p - 1`` copies it receives in rank order."""
+    return _with_call(_ordered_reduce_scatter(_check_bytes(n), topo, _check_itemsize(itemsize)),
+                      topo)
+
+
 def allreduce(algorithm: str, n: float, topo: Topology, leader_algorithm: str = "ring") -> Cost:
     """The all-reduce ``algorithm`` (one of ``ALLREDUCE_ALGORITHMS``) of ``n`` bytes."""
     if algorithm == "hierarchical":
         return hierarchical_allreduce(n, topo, leader_algorithm)
+    if algorithm == "ordered":
+        return ordered_allreduce(n, topo)
     if algorithm not in _FLAT:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; the simulator models "
-                         f"{', '.join(ALLREDUCE_ALGORITHMS)} (MPI's 'native' choice varies "
-                         "with size and rank count: measure with one of these)")
+                         f"{', '.join(ALLREDUCE_ALGORITHMS)} (MPI's own, 'mpi' or 'native', "
+                         "changes algorithm with size and rank count: measure with one of "
+                         "these)")
     return _with_call(_FLAT[algorithm](_check_bytes(n), topo), topo)
 
 
@@ -166,10 +262,7 @@ def ring_reduce_scatter(n: float, topo: Topology) -> Cost:
 
 def ring_allgather(per_rank: float, topo: Topology) -> Cost:
     """Ring all-gather of ``per_rank`` bytes from every rank: ``p-1`` steps."""
-    per_rank, p = _check_bytes(per_rank), topo.workers
-    if p == 1:
-        return ZERO_COST
-    return _with_call(_ring_step(per_rank, topo).times(p - 1), topo)
+    return _with_call(_ring_allgather(_check_bytes(per_rank), topo), topo)
 
 
 def bruck_allgather(per_rank: float, topo: Topology) -> Cost:

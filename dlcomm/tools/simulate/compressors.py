@@ -28,7 +28,7 @@ DEFAULT_PARAMS: dict[str, dict[str, object]] = {
     "topk": {"ratio": 0.01, "approx": False},
     "randomk": {"ratio": 0.01},
     "gtopk": {"ratio": 0.01},
-    "qsgd": {"levels": 16},
+    "qsgd": {"levels": 16, "bucket": 512},
     "powersgd": {"rank": 4},
     "acpsgd": {"rank": 4},
 }
@@ -148,8 +148,9 @@ class CompressorModel:
             return [(ALLGATHER, float(math.ceil(n / 8) + v))]
         if self.name == "signum":
             return [(ALLGATHER, float(math.ceil(n / 8)))]
-        if self.name == "qsgd":
-            return [(ALLGATHER, float(v + n * _level_bytes(int(p["levels"]))))]
+        if self.name == "qsgd":  # one norm per bucket of elements, a level per element
+            norms = math.ceil(n / int(p["bucket"]))
+            return [(ALLGATHER, float(norms * v + n * _level_bytes(int(p["levels"]))))]
         rows, cols = tensor.matrix_shape
         r = min(int(p["rank"]), rows, cols)
         if self.name == "powersgd":

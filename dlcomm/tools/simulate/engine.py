@@ -153,7 +153,7 @@ def simulate_bsp(workload: Workload, method: Method, messages: MessageModel, *,
             clock += layers[li].backward_s
             for i in layer_tensors[li]:
                 offsets[i] = clock
-        a, b = messages.alpha_beta(sum(sizes))
+        a, b = messages.alpha_beta()
         plan = mgwfbp_groups([offsets[i] for i in backward_order],
                              [sizes[i] for i in backward_order], a, b)
         mg_groups = [[backward_order[p] for p in g] for g in plan]

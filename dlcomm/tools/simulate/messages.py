@@ -8,14 +8,18 @@ the others run tensor by tensor, round by round, through MPI's own collectives
 (``MPICommAdapter``: all-gather of unequal payloads, gTop-k's merge tree, all-reduce), a
 bypassed tensor as its own dense all-reduce. MPI chooses its algorithm per size; the model
 takes the faster of ring and halving-doubling for its all-reduce and of ring and Bruck for
-its all-gather (the choice an MPI tuned for the network would make). Compression runs on
-the engine's thread, so its time occupies the channel.
+its all-gather (the choice an MPI tuned for the network would make). The engine's
+reduce-scatter (DeAR's first half) is the ``ordered`` one under ``ordered`` and MPI's own
+(a ring) under every other algorithm. Compression runs on the engine's thread, so its time
+occupies the channel.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+
+import numpy as np
 
 from dlcomm.tools.simulate import collectives
 from dlcomm.tools.simulate.compressors import ALLGATHER, ALLREDUCE, SPARSE_MERGE, MeasuredCost
@@ -45,6 +49,9 @@ class MessageCost:
 
 NOTHING = MessageCost(0.0, 0.0, 0.0, 0.0)
 MPI_ALLREDUCE = "mpi_allreduce"
+# The float32 sizes dlcomm's MG-WFBP times its all-reduce at to fit alpha and beta
+# (dlcomm.torch.schedules.cost_model.DEFAULT_PROBE_BYTES; the simulator loads no torch).
+MGWFBP_PROBE_BYTES = (4 << 10, 64 << 10, 512 << 10, 2 << 20)
 
 
 class MessageModel:
@@ -70,7 +77,7 @@ class MessageModel:
 
     def _collective_uncached(self, kind: str, nbytes: float) -> MessageCost:
         topo, m = self.network.topology, self.method
-        if kind == ALLREDUCE and m.algorithm != "native":
+        if kind == ALLREDUCE and m.algorithm != "mpi":
             cost = collectives.allreduce(m.algorithm, nbytes, topo, m.leader_algorithm)
         elif kind in (ALLREDUCE, MPI_ALLREDUCE):
             cost = self._fastest(collectives.ring_allreduce(nbytes, topo),
@@ -81,6 +88,8 @@ class MessageModel:
             cost = cost + collectives.size_exchange(topo)
         elif kind == SPARSE_MERGE:
             cost = collectives.gtopk_merge_tree(nbytes, topo)
+        elif kind == "reducescatter" and m.algorithm == "ordered":
+            cost = collectives.ordered_reduce_scatter(nbytes, topo)
         elif kind == "reducescatter":
             cost = collectives.ring_reduce_scatter(nbytes, topo)
         elif kind == "ringallgather":
@@ -139,16 +148,25 @@ class MessageModel:
         return total
 
     def reduce_scatter(self, nbytes: float) -> MessageCost:
-        """DeAR's first half: a ring reduce-scatter of a bucket of ``nbytes``."""
+        """DeAR's first half: the engine's reduce-scatter of a bucket of ``nbytes`` (the
+        ordered one under ``ordered``, else MPI's, a ring)."""
         return self.collective("reducescatter", nbytes)
 
     def all_gather(self, nbytes: float) -> MessageCost:
         """DeAR's second half: the ring all-gather of a bucket of ``nbytes`` in all."""
         return self.collective("ringallgather", nbytes / self.network.workers)
 
-    def alpha_beta(self, total_bytes: float) -> tuple[float, float]:
-        """``time = a + b * bytes`` of the dense all-reduce (what MG-WFBP measures at start-up
-        and plans with): the intercept, and the slope up to ``total_bytes``."""
-        a = self.dense_allreduce(0.0).seconds
-        span = max(total_bytes, 1.0)
-        return a, max(self.dense_allreduce(span).seconds - a, 0.0) / span
+    def alpha_beta(self) -> tuple[float, float]:
+        """``time = a + b * bytes`` of the dense all-reduce as MG-WFBP fits it at start-up:
+        least squares through the all-reduce's times at ``MGWFBP_PROBE_BYTES``, both clipped
+        at 0 (``dlcomm.torch.schedules.cost_model.fit_alpha_beta``). Exact for algorithms
+        whose time is linear in the bytes; ``ordered`` switches from gathering whole buffers
+        to its all-to-all inside the probes' range, and MG-WFBP sees that bend as this line."""
+        x = np.array(MGWFBP_PROBE_BYTES, dtype=np.float64)
+        y = np.array([self.dense_allreduce(float(b)).seconds for b in MGWFBP_PROBE_BYTES])
+        design = np.stack([np.ones_like(x), x], axis=1)
+        (alpha, beta), *_ = np.linalg.lstsq(design, y, rcond=None)
+        beta = max(float(beta), 0.0)
+        if alpha < 0:  # through the origin, as the library refits
+            alpha, beta = 0.0, max(float(x @ y / (x @ x)), 0.0)
+        return float(alpha), beta

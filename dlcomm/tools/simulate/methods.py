@@ -3,7 +3,8 @@ synchronisation (BSP, DS-Sync, LB-BSP) and DLCP's loss tolerance, with dlcomm's 
 
 ``Method.parse("acpsgd:rank=4 schedule=wfbp algorithm=ring")``: whitespace-separated items,
 each ``knob=value`` (knobs: the fields below) or a bare word that names itself: a schedule
-(``dear``), an all-reduce algorithm (``hierarchical``), a sync spec (``dssync:group_size=2``,
+(``dear``), an all-reduce algorithm (``hierarchical``; ``ordered``, the engine's, by
+default; ``native`` is accepted for ``mpi``), a sync spec (``dssync:group_size=2``,
 ``lbbsp``), ``dense`` or a compressor spec (``topk:ratio=0.01``). A bare ``none`` is refused:
 dlcomm uses it for a schedule and for a compressor (write ``schedule=none`` or ``dense``).
 The combinations dlcomm refuses are refused here (DeAR with compression, DS-Sync or DLCP
@@ -19,9 +20,15 @@ from dlcomm.tools.simulate.collectives import ALLREDUCE_ALGORITHMS, FLAT_ALGORIT
 from dlcomm.tools.simulate.compressors import CompressorModel
 
 SCHEDULES = ("wfbp", "mgwfbp", "dear", "none")  # dlcomm's names (frameworks/torch/schedules)
-# dlcomm's DLCOMM_ALLREDUCE_ALGORITHM values; "native" (MPI's own, dlcomm's default) is
-# modelled as the faster of ring and halving-doubling at each size.
-ALGORITHMS = (*ALLREDUCE_ALGORITHMS, "native")
+# dlcomm's DLCOMM_ALLREDUCE_ALGORITHM values; "mpi" (MPI's own) is modelled as the faster
+# of ring and halving-doubling at each size.
+ALGORITHMS = (*ALLREDUCE_ALGORITHMS, "mpi")
+# Mirrored from dlcomm.collectives.registry (importing it starts MPI; a test checks they
+# agree): earlier names still accepted. The engine's default, `auto`, picks `ordered` or
+# `pipelined` per size; both move ordered's bytes in rank order, and the model charges them
+# as `ordered` (pipelined's overlap of segments is not modelled: an upper bound).
+ALGORITHM_ALIASES = {"native": "mpi", "auto": "ordered", "pipelined": "ordered"}
+DEFAULT_ALGORITHM = "ordered"  # what the engine's default, auto, is modelled as
 DEFAULT_FUSION_THRESHOLD = 64 << 20  # DLCOMM_FUSION_THRESHOLD's default
 DEFAULT_DEAR_BUCKET_SIZE = 4 << 20  # DLCOMM_DEAR_BUCKET_SIZE's default
 DEFAULT_MIN_COMPRESS_SIZE = 1024  # DLCOMM_MIN_COMPRESS_SIZE's default
@@ -98,7 +105,7 @@ class Method:
     """What one worker does with its gradients each iteration (dlcomm's knobs)."""
 
     compression: str = "none"
-    algorithm: str = "ring"
+    algorithm: str = DEFAULT_ALGORITHM
     schedule: str = "wfbp"
     sync: SyncSpec = SyncSpec()
     loss_tolerance: float = 0.0
@@ -113,9 +120,8 @@ class Method:
         if isinstance(self.sync, str):
             object.__setattr__(self, "sync", SyncSpec.parse(self.sync))
         compressor = CompressorModel.parse(self.compression)  # ValueError on a bad spec
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got "
-                             f"{self.algorithm!r}")
+        algorithm = normalize_algorithm(self.algorithm)
+        object.__setattr__(self, "algorithm", algorithm)
         if self.leader_algorithm not in FLAT_ALGORITHMS:
             raise ValueError(f"leader_algorithm must be one of {FLAT_ALGORITHMS}, got "
                              f"{self.leader_algorithm!r}")
@@ -163,7 +169,7 @@ class Method:
             parts.append(f"dlcp:p={self.loss_tolerance:g}")
         if self.schedule != "wfbp":
             parts.append(self.schedule)
-        if self.algorithm != "ring":
+        if self.algorithm != DEFAULT_ALGORITHM:
             parts.append(self.algorithm)
         return " ".join(parts)
 
@@ -194,13 +200,27 @@ class Method:
                 values["compression"] = "none"
             elif item in SCHEDULES:
                 values["schedule"] = item
-            elif item in ALGORITHMS:
+            elif item in ALGORITHMS or item in ALGORITHM_ALIASES:
                 values["algorithm"] = item
             elif item.split(":")[0] in ("bsp", "dssync", "lbbsp"):
                 values["sync"] = item
             else:
                 values["compression"] = item
         return cls(**values)
+
+
+def normalize_algorithm(name: str) -> str:
+    """An all-reduce algorithm's current name (``native`` -> ``mpi``, case-insensitive);
+    ValueError listing the valid names otherwise."""
+    if not isinstance(name, str):
+        raise ValueError(f"algorithm must be a string, got {type(name).__name__}")
+    key = name.strip().lower()
+    key = ALGORITHM_ALIASES.get(key, key)
+    if key not in ALGORITHMS:
+        aliases = ", ".join(f"{a} = {b}" for a, b in ALGORITHM_ALIASES.items())
+        raise ValueError(f"algorithm must be one of {ALGORITHMS} (also {aliases}), got "
+                         f"{name!r}")
+    return key
 
 
 def _size(text: str) -> int:

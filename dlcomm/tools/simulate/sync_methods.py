@@ -53,8 +53,8 @@ def simulate_dssync(workload: Workload, method: Method, network: Network,
     else:
         group = Topology(size, 1, topo.oversubscription * topo.slots_per_host)
     # dlcomm averages a group with MPI's own blocking all-reduce on the group's communicator
-    native = dataclasses.replace(bsp, algorithm="native")
-    average = make_messages(native, network.with_topology(group)).dense_allreduce(
+    mpi = dataclasses.replace(bsp, algorithm="mpi")
+    average = make_messages(mpi, network.with_topology(group)).dense_allreduce(
         float(workload.parameter_bytes))
     # every rank of a host sends its own group's average through the host's link
     seconds, payload = average.seconds, average.payload_bytes

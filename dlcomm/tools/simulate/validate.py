@@ -5,7 +5,9 @@ Each run is a JSON file the measurement campaign (``campaign.py``) writes around
 own JSON (``examples/torch_mnist.py --phase-times --json``): ``{"setup": {...}, "command":
 [...], "result": {...}}``. The setup names the emulated cluster (``emulate``,
 ``slots_per_host``), the model (a ``model_zoo`` name), the simulator's method string, the
-``--heterogeneity`` text if any, and the all-reduce algorithm. The prediction uses the
+``--heterogeneity`` text if any, and the all-reduce algorithm (``DLCOMM_ALLREDUCE_ALGORITHM``
+of the run: the method's unless the method string names one, which must then agree; files
+without it ran the engine's default, ``ordered``). The prediction uses the
 calibrated network, the model's tensors, and the computation measured in the run itself
 (each rank's median forward+backward from ``--phase-times``: BSP waits for the slowest; with a
 ``compute=`` straggler, the fastest rank's time per sample and the emulator's speeds), and
@@ -22,7 +24,7 @@ from typing import Any
 
 from dlcomm.tools.simulate.compressors import MeasuredCost
 from dlcomm.tools.simulate.devices import Device, get_device
-from dlcomm.tools.simulate.methods import Method
+from dlcomm.tools.simulate.methods import DEFAULT_ALGORITHM, Method
 from dlcomm.tools.simulate.model_zoo import describe, workload_from_description
 from dlcomm.tools.simulate.network import CostParams, Network, Topology, parse_rate
 from dlcomm.tools.simulate.predict import predict
@@ -82,6 +84,18 @@ def _topology(setup: Mapping[str, Any], ranks: int) -> tuple[Topology, float]:
     return Topology(hosts, slots), rate
 
 
+def method_of(setup: Mapping[str, Any], source: str = "") -> Method:
+    """The run's method, with the all-reduce algorithm it ran (``allreduce_algorithm``)."""
+    text = str(setup["method"])
+    ran = setup.get("allreduce_algorithm") or DEFAULT_ALGORITHM
+    method = Method.parse(text, algorithm=ran)
+    if method.algorithm != Method(algorithm=ran).algorithm:
+        raise ValueError(f"{source}: the method {text!r} names the all-reduce algorithm "
+                         f"{method.algorithm!r} but the run set DLCOMM_ALLREDUCE_ALGORITHM="
+                         f"{ran}")
+    return method
+
+
 def predict_run(run: Run, params: CostParams, *, update_s: float | None = None,
                 device: Device | None = None,
                 measured_costs: Mapping[str, MeasuredCost] | None = None) -> dict[str, Any]:
@@ -90,7 +104,7 @@ def predict_run(run: Run, params: CostParams, *, update_s: float | None = None,
     setup = run.setup
     topo, nominal_rate = _topology(setup, run.ranks)
     network = Network(topo, params)
-    method = Method.parse(str(setup["method"]))
+    method = method_of(setup, run.source)
     model, batch = run.key
     base = workload_from_description(describe(model), batch, device)
     phases = _phase_seconds(run)
