@@ -219,6 +219,36 @@ with open(f"{out}/rank{r}.json", "w") as f:
 '''
 
 
+UNNAMED_AFTER_JOIN_SCRIPT = r'''
+import json, sys
+import numpy as np
+import dlcomm as hvd
+
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+seen = []
+for first in range(n):
+    if r == first:
+        last = hvd.join()
+    else:
+        # Unnamed: this rank's numbering is ahead of the ranks that joined earlier, so the
+        # other ranks' calls carry other names; each must fail on its own, never wait.
+        for call in (lambda: hvd.allgather(np.ones((r + 1, 3))),
+                     lambda: hvd.alltoall(np.ones(2 * n))):
+            try:
+                call()
+                raise AssertionError("a collective after another rank joined did not raise")
+            except hvd.DLCommError as exc:
+                assert f"ranks [{first}] have joined" in str(exc), exc
+        last = hvd.join()
+    seen.append(hvd.allgather_object(last))
+assert hvd.allgather(np.full((1, 2), float(r)), name="after").ravel().tolist() == [
+    float(k) for k in range(n) for _ in range(2)]
+with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+    json.dump(seen, f)
+'''
+
+
 def _run(np_, script, tmp_path, timeout=240):
     run_mpi(np_, script, tmp_path, timeout=timeout, args=[str(tmp_path)], env=STALL)
     return [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(np_)]
@@ -258,3 +288,11 @@ def test_fused_variable_size_allgathers_of_every_dtype(np_, tmp_path):
 def test_start_and_stop_timeline_while_running(tmp_path):
     assert _run(2, TIMELINE_SCRIPT, tmp_path) == ["ok"] * 2
     json.loads((tmp_path / "only_rank0.json").read_text())
+
+
+@pytest.mark.parametrize("np_", [3, 4])
+def test_unnamed_calls_after_a_join_fail_on_every_rank_though_numbered_differently(
+        np_, tmp_path):
+    results = _run(np_, UNNAMED_AFTER_JOIN_SCRIPT, tmp_path)
+    assert all(res == results[0] for res in results), results
+    assert len(results[0]) == np_
