@@ -26,6 +26,8 @@ from dlcomm.basics import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from dlcomm.engine.request import Handle
 from dlcomm.errors import (
@@ -47,8 +49,12 @@ from dlcomm.mpi_ops import (
     barrier,
     broadcast,
     broadcast_async,
+    grouped_allgather,
+    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
     join,
     poll,
     reducescatter,
@@ -68,8 +74,10 @@ __all__ = [
     "allreduce_async", "allreduce_async_batch", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_async", "broadcast_object", "bytes_sent", "ccl_built", "cross_rank",
     "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
-    "grouped_allreduce", "grouped_allreduce_async", "init", "is_homogeneous", "is_initialized",
-    "join", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-    "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "remove_process_set",
-    "rocm_built", "shutdown", "size", "synchronize", "timeline_range",
+    "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
+    "grouped_allreduce_async", "grouped_reducescatter", "grouped_reducescatter_async", "init",
+    "is_homogeneous", "is_initialized", "join", "local_rank", "local_size", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter",
+    "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
+    "start_timeline", "stop_timeline", "synchronize", "timeline_range",
 ]

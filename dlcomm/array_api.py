@@ -53,3 +53,13 @@ def name_seed(seed: int, name: str, *extra: int) -> np.random.Generator:
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype maths runs in: float32 for float16 inputs (precision, speed), else ``dtype``."""
     return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+
+
+def scale_into(src: object, factor: float, out: object) -> None:
+    """``out[...] = src * factor``, computed as Horovod scales on the CPU: float16 in float32,
+    integers in float64, then rounded (integers truncated) once into ``out``'s dtype."""
+    xp = array_namespace(out)
+    kind = np.dtype(src.dtype).kind  # type: ignore[attr-defined]
+    dtype = (np.float32 if np.dtype(src.dtype) == np.float16  # type: ignore[attr-defined]
+             else np.float64 if kind in "iub" else None)
+    xp.multiply(src, factor, out=out, dtype=dtype, casting="unsafe")

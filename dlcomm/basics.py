@@ -18,7 +18,7 @@ __all__ = ["add_process_set", "bytes_sent", "ccl_built", "cross_rank", "cross_si
            "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "init", "is_homogeneous",
            "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled",
            "mpi_threads_supported", "nccl_built", "rank", "remove_process_set", "rocm_built",
-           "shutdown", "size", "state"]
+           "shutdown", "size", "start_timeline", "state", "stop_timeline"]
 
 
 _set_requests = itertools.count()  # names add_process_set requests (same order on all ranks)
@@ -153,6 +153,26 @@ def ddl_built() -> bool:
 def ccl_built() -> bool:
     """False: dlcomm has no oneCCL backend."""
     return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Write the engine's timeline (Chrome trace JSON) to ``file_path`` from now on, as
+    ``DLCOMM_TIMELINE`` does from ``init()`` ('{rank}' in the path: one file per rank, else
+    rank 0 writes); ``mark_cycles`` marks each negotiation round with work."""
+    if not isinstance(file_path, str) or not file_path:
+        raise TypeError(f"file_path must be a non-empty str, got {file_path!r}")
+    if not is_initialized():
+        raise ValueError("dlcomm has not been initialized; call init() first")
+    st = state()
+    path = file_path if "{rank}" in file_path or st.rank == 0 else None
+    st.engine.set_timeline(path, bool(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Close the timeline started by ``start_timeline`` (or ``DLCOMM_TIMELINE``)."""
+    if not is_initialized():
+        raise ValueError("dlcomm has not been initialized; call init() first")
+    state().engine.set_timeline(None, False)
 
 
 def bytes_sent() -> int:

@@ -87,6 +87,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("timeline", "", str,
          "Path of a Chrome-trace JSON timeline ('{rank}' is replaced by the rank; without "
          "it only rank 0 writes). Empty: off."),
+    Knob("timeline_mark_cycles", False, parse_bool,
+         "Mark every negotiation round that has work (CYCLE_START) in the timeline, as "
+         "Horovod's HOROVOD_TIMELINE_MARK_CYCLES."),
     Knob("backend", "auto", str,
          "Data-path backend: 'auto' (NCCL for CuPy arrays when available, MPI otherwise), "
          "'mpi' or 'nccl'."),
@@ -259,6 +262,7 @@ class Config:
     stall_warning_seconds: float
     stall_shutdown_seconds: float
     timeline: str
+    timeline_mark_cycles: bool
     backend: str
     log_level: str
     compression: str

@@ -6,15 +6,16 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm import mpi_ops
+from dlcomm import basics, mpi_ops
 from dlcomm.process_sets import ProcessSet, global_process_set
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
-    """Return ``root_rank``'s object on every rank (it must be picklable)."""
-    name = name or mpi_ops._auto_name("broadcast_object")
-    is_root = process_set.rank() == root_rank
+    """Return ``root_rank``'s object on every rank (it must be picklable); ``root_rank`` is a
+    world rank, as in Horovod."""
+    name = name or mpi_ops._auto_name("broadcast_object", process_set.process_set_id)
+    is_root = basics.rank() == mpi_ops.check_root_rank(root_rank, process_set)
     payload = (np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if is_root
                else np.empty(0, dtype=np.uint8))
     length = mpi_ops.broadcast(np.array([payload.size], dtype=np.int64), root_rank,
@@ -27,7 +28,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
 def allgather_object(obj: Any, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Return the list of every rank's object, in rank order."""
-    name = name or mpi_ops._auto_name("allgather_object")
+    name = name or mpi_ops._auto_name("allgather_object", process_set.process_set_id)
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
     sizes = mpi_ops.allgather(np.array([payload.size], dtype=np.int64), f"{name}.sizes",
                               process_set)

@@ -23,17 +23,19 @@ from dlcomm.process_sets import ProcessSet, global_process_set
 
 _REDUCIBLE = frozenset("bBhHiIlLqQefd")  # ints, uints, float16/32/64
 _MOVABLE = _REDUCIBLE | {"?"}  # gather, broadcast and alltoall also move bools
-_counters: dict[str, itertools.count] = {}
+_counters: dict[tuple[str, int], itertools.count] = {}
 
 
-def _auto_name(kind: str) -> str:
-    counter = _counters.setdefault(kind, itertools.count())
+def _auto_name(kind: str, process_set_id: int = 0) -> str:
+    """The next automatic name of ``kind`` in a process set: unnamed calls are numbered in
+    call order per set, so ranks outside a set do not shift the numbers of those inside."""
+    counter = _counters.setdefault((kind, process_set_id), itertools.count())
     return f"{kind}.noname.{next(counter)}"
 
 
-def _check_name(name: str | None, kind: str) -> str:
+def _check_name(name: str | None, kind: str, process_set_id: int = 0) -> str:
     if name is None:
-        return _auto_name(kind)
+        return _auto_name(kind, process_set_id)
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     if not name:
@@ -99,6 +101,10 @@ def _check_process_set(process_set: ProcessSet) -> int:
 
 def _submit(name: str, sig: Signature, arrays: list[np.ndarray],
             outputs: list[np.ndarray], grouped: bool = False, compressor: Any = None) -> Handle:
+    # A name is unique within its process set, as in Horovod: requests of other sets are
+    # told apart by the set's id.
+    if sig.process_set_id != 0:
+        name = f"{name}@set{sig.process_set_id}"
     req = Request(name, sig, arrays, outputs, grouped=grouped, compressor=compressor)
     return basics.state().engine.submit(req)
 
@@ -174,8 +180,8 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = No
                     _check_factor(prescale_factor, "prescale_factor"),
                     _check_factor(postscale_factor, "postscale_factor"), spec,
                     device=is_device_array(arrays[0]))
-    return _submit(_check_name(name, kind), sig, arrays, outs, grouped=_grouped,
-                   compressor=compressor)
+    return _submit(_check_name(name, kind, sig.process_set_id), sig, arrays, outs,
+                   grouped=_grouped, compressor=compressor)
 
 
 def allreduce_async_batch(tensors: Sequence[np.ndarray], names: Sequence[str],
@@ -238,12 +244,7 @@ def grouped_allreduce(tensors: Sequence[np.ndarray], name: str | None = None,
 def allgather_async(tensor: np.ndarray, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start concatenating every rank's tensor along dimension 0 (sizes may differ)."""
-    x = _check_array(tensor, "tensor", _MOVABLE)
-    if x.ndim == 0:
-        raise ValueError("allgather needs at least one dimension (got a 0-d array)")
-    sig = Signature(Kind.ALLGATHER, _check_process_set(process_set), x.dtype.str, (x.shape,),
-                    device=is_device_array(x))
-    return _submit(_check_name(name, "allgather"), sig, [x], [])
+    return _allgather_async([tensor], name, process_set, grouped=False)
 
 
 def allgather(tensor: np.ndarray, name: str | None = None,
@@ -252,24 +253,82 @@ def allgather(tensor: np.ndarray, name: str | None = None,
     return allgather_async(tensor, name, process_set).wait()
 
 
+def grouped_allgather_async(tensors: Sequence[np.ndarray], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Start all-gathering several tensors (one dtype) negotiated as one request; the result
+    is the list of gathered tensors."""
+    return _allgather_async(_check_list(tensors, "grouped_allgather"), name, process_set,
+                            grouped=True)
+
+
+def grouped_allgather(tensors: Sequence[np.ndarray], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    """All-gather several tensors together; returns the list of gathered tensors."""
+    return grouped_allgather_async(tensors, name, process_set).wait()
+
+
+def _check_list(tensors: Any, call: str) -> list[Any]:
+    if isinstance(tensors, np.ndarray) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"tensors must be a list of numpy arrays, got {type(tensors).__name__}")
+    if not tensors:
+        raise ValueError(f"{call} needs at least one tensor")
+    return list(tensors)
+
+
+def _check_rows(arrays: list[np.ndarray], call: str, what: str) -> None:
+    for i, x in enumerate(arrays):
+        if x.ndim == 0:
+            where = what if len(arrays) == 1 else f"{what}[{i}]"
+            raise ValueError(f"{call} needs at least one dimension ({where} is a 0-d array)")
+    dtypes = {a.dtype for a in arrays}
+    if len(dtypes) > 1:
+        raise ValueError(f"grouped tensors must share one dtype, got {sorted(map(str, dtypes))}")
+
+
+def _allgather_async(tensors: list[Any], name: str | None, process_set: ProcessSet,
+                     grouped: bool) -> Handle:
+    what = "tensors" if grouped else "tensor"
+    arrays = [_check_array(t, f"tensors[{i}]" if grouped else "tensor", _MOVABLE)
+              for i, t in enumerate(tensors)]
+    _check_rows(arrays, "allgather", what)
+    sig = Signature(Kind.ALLGATHER, _check_process_set(process_set), arrays[0].dtype.str,
+                    tuple(x.shape for x in arrays), device=is_device_array(arrays[0]))
+    kind = "grouped_allgather" if grouped else "allgather"
+    return _submit(_check_name(name, kind, sig.process_set_id), sig, arrays, [],
+                   grouped=grouped)
+
+
 def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set,
                     output: np.ndarray | None = None) -> Handle:
-    """Start copying ``root_rank``'s tensor to every rank (``output=tensor``: in place)."""
+    """Start copying ``root_rank``'s tensor to every rank (``output=tensor``: in place).
+
+    ``root_rank`` is a world rank, as in Horovod, also for a process set (it must be one of
+    the set's members)."""
     x = _check_array(tensor, "tensor", _MOVABLE)
     set_id = _check_process_set(process_set)
+    root = check_root_rank(root_rank, process_set)
+    out = _check_output(output, x)
+    if out is not x and basics.rank() == root:
+        np.copyto(out, x)
+    sig = Signature(Kind.BROADCAST, set_id, x.dtype.str, (x.shape,), root=root,
+                    device=is_device_array(x))
+    return _submit(_check_name(name, "broadcast", set_id), sig, [x], [out])
+
+
+def check_root_rank(root_rank: Any, process_set: ProcessSet = global_process_set) -> int:
+    """``root_rank`` as an int if it names a member of ``process_set`` by its world rank
+    (Horovod's meaning, also for process sets), else a ``TypeError``/``ValueError``."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
         raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
-    n = process_set.size()
-    if not 0 <= root_rank < n:
-        raise ValueError(f"root_rank {root_rank} is out of range for a process set of "
-                         f"{n} ranks")
-    out = _check_output(output, x)
-    if out is not x and process_set.rank() == root_rank:
-        np.copyto(out, x)
-    sig = Signature(Kind.BROADCAST, set_id, x.dtype.str, (x.shape,), root=int(root_rank),
-                    device=is_device_array(x))
-    return _submit(_check_name(name, "broadcast"), sig, [x], [out])
+    root = int(root_rank)
+    world = basics.size()
+    if not 0 <= root < world:
+        raise ValueError(f"root_rank {root} is out of range for {world} ranks")
+    if process_set.rank_of(root) < 0:
+        raise ValueError(f"root_rank {root} is not a member of {process_set!r} (root_rank is "
+                         "a world rank, as in Horovod)")
+    return root
 
 
 def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
@@ -306,7 +365,7 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
                              f"dimension {x.shape[0]}")
     sig = Signature(Kind.ALLTOALL, set_id, x.dtype.str, (x.shape,), splits=tuple(split_list),
                     device=is_device_array(x))
-    return _submit(_check_name(name, "alltoall"), sig, [x], [])
+    return _submit(_check_name(name, "alltoall", set_id), sig, [x], [])
 
 
 def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None,
@@ -321,15 +380,8 @@ def reducescatter_async(tensor: np.ndarray, name: str | None = None, op: ReduceO
                         process_set: ProcessSet = global_process_set,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start a reduce, after which rank i keeps the i-th part of dimension 0."""
-    x = _check_array(tensor, "tensor", _REDUCIBLE)
-    if x.ndim == 0:
-        raise ValueError("reducescatter needs at least one dimension (got a 0-d array)")
-    op = as_reduce_op(op)
-    sig = Signature(Kind.REDUCESCATTER, _check_process_set(process_set), x.dtype.str,
-                    (x.shape,), op.value, -1, _check_factor(prescale_factor, "prescale_factor"),
-                    _check_factor(postscale_factor, "postscale_factor"),
-                    device=is_device_array(x))
-    return _submit(_check_name(name, "reducescatter"), sig, [x], [])
+    return _reducescatter_async([tensor], name, op, process_set, prescale_factor,
+                                postscale_factor, grouped=False)
 
 
 def reducescatter(tensor: np.ndarray, name: str | None = None, op: ReduceOp = Average,
@@ -340,11 +392,49 @@ def reducescatter(tensor: np.ndarray, name: str | None = None, op: ReduceOp = Av
                                postscale_factor).wait()
 
 
+def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: str | None = None,
+                                op: ReduceOp = Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Start reduce-scattering several tensors (one dtype) negotiated as one request; the
+    result is the list of this rank's parts."""
+    return _reducescatter_async(_check_list(tensors, "grouped_reducescatter"), name, op,
+                                process_set, prescale_factor, postscale_factor, grouped=True)
+
+
+def grouped_reducescatter(tensors: Sequence[np.ndarray], name: str | None = None,
+                          op: ReduceOp = Average, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[np.ndarray]:
+    """Reduce-scatter several tensors together; returns this rank's part of each."""
+    return grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
+                                       postscale_factor).wait()
+
+
+def _reducescatter_async(tensors: list[Any], name: str | None, op: ReduceOp,
+                         process_set: ProcessSet, prescale_factor: float,
+                         postscale_factor: float, grouped: bool) -> Handle:
+    what = "tensors" if grouped else "tensor"
+    arrays = [_check_array(t, f"tensors[{i}]" if grouped else "tensor", _REDUCIBLE)
+              for i, t in enumerate(tensors)]
+    _check_rows(arrays, "reducescatter", what)
+    op = as_reduce_op(op)
+    sig = Signature(Kind.REDUCESCATTER, _check_process_set(process_set), arrays[0].dtype.str,
+                    tuple(x.shape for x in arrays), op.value, -1,
+                    _check_factor(prescale_factor, "prescale_factor"),
+                    _check_factor(postscale_factor, "postscale_factor"),
+                    device=is_device_array(arrays[0]))
+    kind = "grouped_reducescatter" if grouped else "reducescatter"
+    return _submit(_check_name(name, kind, sig.process_set_id), sig, arrays, [],
+                   grouped=grouped)
+
+
 # --- synchronisation -------------------------------------------------------------------------
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the process set reaches the barrier."""
     set_id = _check_process_set(process_set)
-    _submit(_auto_name(f"barrier.{set_id}"), Signature(Kind.BARRIER, set_id), [], []).wait()
+    _submit(_auto_name("barrier", set_id), Signature(Kind.BARRIER, set_id), [], []).wait()
 
 
 def join(device: int = -1) -> int:

@@ -26,6 +26,11 @@ Product = ReduceOp.PRODUCT
 Adasum = ReduceOp.ADASUM
 
 
+class UnsupportedOpError(ValueError, RuntimeError):
+    """A reduce op dlcomm does not have (Adasum): a ValueError about the argument, and the
+    RuntimeError Horovod raises where its backend lacks the op (reduce-scatter)."""
+
+
 def as_reduce_op(op: object) -> ReduceOp:
     """Accept a ``ReduceOp`` or its name ("sum", "Average"); raise ``ValueError`` otherwise."""
     if isinstance(op, ReduceOp):
@@ -36,5 +41,5 @@ def as_reduce_op(op: object) -> ReduceOp:
         valid = ", ".join(o.name.capitalize() for o in ReduceOp if o is not ReduceOp.ADASUM)
         raise ValueError(f"unknown reduce op {op!r}; valid ops: {valid}")
     if result is ReduceOp.ADASUM:
-        raise ValueError("op=Adasum is not supported by dlcomm; use Average or Sum")
+        raise UnsupportedOpError("op=Adasum is not supported by dlcomm; use Average or Sum")
     return result

@@ -44,6 +44,12 @@ class ProcessSet:
         me = runtime.state().rank
         return self.ranks.index(me) if me in self.ranks else -1  # type: ignore[union-attr]
 
+    def rank_of(self, world_rank: int) -> int:
+        """The rank within this set of world rank ``world_rank``, or -1 if not a member."""
+        self._require_registered()
+        ranks = self.ranks  # type: list[int]  # type: ignore[assignment]
+        return ranks.index(world_rank) if world_rank in ranks else -1
+
     def included(self) -> bool:
         """True when this process is a member."""
         return self.rank() >= 0

@@ -65,6 +65,7 @@ class Engine:
         self.coordinator = Coordinator(self.size)
         self.cache = ResponseCache(config.cache_capacity, self.rank)
         self.timeline = _open_timeline(config.timeline, self.rank)
+        self.mark_cycles = config.timeline_mark_cycles
         self.executor = Executor(self.rank, config.fusion_threshold, self.timeline,
                                  self.process_sets, {
                                      Kind.ADD_PROCESS_SET: self._add_process_set,
@@ -167,6 +168,15 @@ class Engine:
         self.timeline.close()
         self.executor.buffers.release()
 
+    def set_timeline(self, path: str | None, mark_cycles: bool) -> None:
+        """Write the timeline to ``path`` from now on (None: stop); the previous one is
+        closed. Phases in progress end in the timeline they began in, or not at all."""
+        new = open_timeline(path, self.rank, started_late=True)
+        old, self.timeline = self.timeline, new
+        self.executor.state.timeline = new
+        self.mark_cycles = mark_cycles
+        old.close()
+
     def set_tunables(self, fusion_threshold: int, cycle_time: float) -> None:
         """Change the fusion threshold (bytes) and cycle time (ms); collective on all ranks.
 
@@ -237,6 +247,8 @@ class Engine:
 
     def _cycle(self) -> bool:
         self._collect()
+        if self.mark_cycles and self._pending:
+            self.timeline.instant("CYCLE_START")
         now = time.monotonic()
         words = np.zeros(self.cache.num_words(), dtype=np.uint64)
         need_full = self._shutdown_requested or self._stall_abort

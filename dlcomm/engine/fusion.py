@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.array_api import array_namespace
+from dlcomm.array_api import array_namespace, scale_into
 
 
 def plan_fusion(nbytes: Sequence[int], keys: Sequence[Hashable], threshold: int) -> list[list[int]]:
@@ -118,7 +118,7 @@ def pack(arrays: Sequence[np.ndarray], buffer: np.ndarray,
             pos += a.size
         xp.concatenate([a.reshape(-1) for a in arrays], out=buffer[:pos], casting="unsafe")
         if scales is not None and scales[0] != 1.0:
-            xp.multiply(buffer[:pos], scales[0], out=buffer[:pos], casting="unsafe")
+            scale_into(buffer[:pos], scales[0], buffer[:pos])
         return offsets
     for i, a in enumerate(arrays):
         n = a.size
@@ -128,7 +128,7 @@ def pack(arrays: Sequence[np.ndarray], buffer: np.ndarray,
         if scale == 1.0:
             xp.copyto(dst, a.reshape(-1))
         else:
-            xp.multiply(a.reshape(-1), scale, out=dst, casting="unsafe")
+            scale_into(a.reshape(-1), scale, dst)
         offsets.append(pos)
         pos += n
     return offsets
@@ -142,15 +142,13 @@ def unpack(buffer: np.ndarray, outputs: Sequence[np.ndarray], offsets: Sequence[
     """
     if len(outputs) > 1 and scales is not None and len(set(scales)) == 1 and scales[0] != 1.0:
         end = offsets[-1] + outputs[-1].size
-        xp = array_namespace(buffer)
         if all(o.dtype == buffer.dtype for o in outputs):
-            xp.multiply(buffer[:end], scales[0], out=buffer[:end])  # scale once, then copy
+            scale_into(buffer[:end], scales[0], buffer[:end])  # scale once, then copy
             scales = None
     for i, (out, start) in enumerate(zip(outputs, offsets)):
         src = buffer[start:start + out.size].reshape(out.shape)
         scale = 1.0 if scales is None else scales[i]
-        xp = array_namespace(out)
         if scale == 1.0:
             out[...] = src  # measured ~2x faster than copyto for 40 kB slices
         else:
-            xp.multiply(src, scale, out=out, casting="unsafe")
+            scale_into(src, scale, out)

@@ -118,12 +118,18 @@ class Coordinator:
                 return None
             return Response(entry.name, sig.kind, sig.process_set_id, entry.signatures,
                             members, joined, last_joined=list(self.joined)[-1])
+        if joined:
+            # A joined rank stays joined until every rank has joined, so a request it cannot
+            # serve fails at once, without waiting for the other ranks' announcements: their
+            # unnamed calls may be numbered differently (a rank that joined earlier made
+            # fewer calls), and waiting for the same name would never end.
+            message = self._joined_conflict(entry.name, sig, joined)
+            if message is not None:
+                return self._error(entry, sig, members, message)
         waiting_for = [r for r in members if r not in entry.signatures and r not in joined]
         if waiting_for:
             return None
         message = mismatch_message(entry.name, entry.signatures)
-        if message is None and joined:
-            message = self._joined_conflict(entry.name, sig, joined)
         if message is not None:
             return self._error(entry, sig, members, message)
         return Response(entry.name, sig.kind, sig.process_set_id, entry.signatures, members,

@@ -150,6 +150,11 @@ class Handle:
             raise self._error
         return self._result
 
+    def __call__(self) -> Any:
+        """Wait and return the result: a handle may be called like the function that
+        Horovod's ``sparse_allreduce_async`` returns."""
+        return self.wait()
+
     def then(self, fn: Callable[[Any], Any]) -> Handle:
         """A handle on ``fn(result)``: ``fn`` runs once, in the first thread that waits for it
         after this request completed; the request's error passes through unchanged. The

@@ -65,8 +65,11 @@ class Timeline:
 
     enabled = True
 
-    def __init__(self, path: str, rank: int) -> None:
+    def __init__(self, path: str, rank: int, started_late: bool = False) -> None:
+        """``started_late``: opened while the engine runs (``start_timeline``), so a phase
+        that began before it may end here; such ends are ignored."""
         _check_name(path, "timeline path")
+        self._started_late = started_late
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
             raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
         self.path = path.replace("{rank}", str(rank))
@@ -131,6 +134,8 @@ class Timeline:
                 return
             stack = self._open.get((tensor_name, phase))
             if not stack:
+                if self._started_late:
+                    return
                 raise ValueError(
                     f"timeline end({tensor_name!r}, {phase!r}) without a matching begin()"
                 )
@@ -248,7 +253,8 @@ class NullTimeline:
         pass
 
 
-def open_timeline(path: str | None, rank: int) -> Timeline | NullTimeline:
+def open_timeline(path: str | None, rank: int,
+                  started_late: bool = False) -> Timeline | NullTimeline:
     """The timeline for ``rank``: a ``Timeline`` when ``path`` is set, else a no-op.
 
     Without ``'{rank}'`` in ``path`` only rank 0 records (ranks would overwrite one file);
@@ -260,4 +266,4 @@ def open_timeline(path: str | None, rank: int) -> Timeline | NullTimeline:
         raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
     if not path or ("{rank}" not in path and rank != 0):
         return NullTimeline()
-    return Timeline(path, rank)
+    return Timeline(path, rank, started_late)

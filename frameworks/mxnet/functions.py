@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlcomm import functions as core_functions
+from dlcomm.mpi_ops import check_root_rank
 from dlcomm.mxnet import mpi_ops
 from dlcomm.mxnet.compat import import_mxnet
 from dlcomm.process_sets import ProcessSet, global_process_set
@@ -53,11 +54,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
     if not isinstance(params, (Mapping, mx.gluon.ParameterDict)):
         raise TypeError(f"params must be a gluon ParameterDict or a dict of NDArrays, got "
                         f"{type(params).__name__}")
-    if isinstance(root_rank, bool) or not isinstance(root_rank, int):
-        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
-    if not 0 <= root_rank < process_set.size():
-        raise ValueError(f"root_rank {root_rank} is out of range for a process set of "
-                         f"{process_set.size()} ranks")
+    check_root_rank(root_rank, process_set)
     base = f"{prefix or ''}broadcast.param."
     requests: list[tuple[str, Any]] = []
     for key, value in sorted(params.items(), key=lambda kv: str(kv[0])):

@@ -18,6 +18,7 @@ import numpy as np
 import dlcomm
 from dlcomm import mpi_ops as core
 from dlcomm.mpi_ops import Handle, poll, synchronize  # noqa: F401 - one handle for all adapters
+from dlcomm.mxnet.compat import import_mxnet
 from dlcomm.mxnet.compression import Compression, Compressor, core_compressor
 from dlcomm.mxnet.ndarray_bridge import check_ndarray, new_ndarray, numpy_view, write_back
 from dlcomm.ops import Average, ReduceOp
@@ -169,24 +170,54 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, priority: in
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, priority: int = 0,
              process_set: ProcessSet = global_process_set) -> Any:
-    """Send ``splits[j]`` rows to rank j (even split by default); returns the rows received,
-    rank by rank, as ``horovod.mxnet.alltoall`` does (``splits``: ints or an NDArray)."""
+    """Send ``splits[j]`` rows to rank j (even split by default). As ``horovod.mxnet``:
+    returns the rows received, rank by rank, and with ``splits`` given
+    ``(output, received_splits)`` (``splits``: ints or an NDArray)."""
     t = check_ndarray(tensor)
     _check_priority(priority)
+    wanted_splits = splits is not None
     if splits is not None and not isinstance(splits, (list, tuple, np.ndarray)):
         splits = check_ndarray(splits, "splits").asnumpy()
-    out, _ = core.alltoall(numpy_view(t), splits, name, process_set)
-    return new_ndarray(out, t)
+    out, received = core.alltoall(numpy_view(t), splits, name, process_set)
+    output = new_ndarray(out, t)
+    if not wanted_splits:
+        return output
+    mx = import_mxnet()
+    return output, mx.nd.array(np.asarray(received, dtype=np.int32), dtype="int32")
 
 
-def reducescatter(tensor: Any, name: str | None = None, op: ReduceOp = Average,
+def reducescatter(tensor: Any, op: ReduceOp = Average, name: str | None = None,
                   priority: int = 0, process_set: ProcessSet = global_process_set,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Any:
-    """Reduce over ranks; rank i keeps the i-th part of dimension 0."""
+    """Reduce over ranks; rank i keeps the i-th part of dimension 0 (Horovod's argument
+    order: ``op`` second)."""
     t = check_ndarray(tensor)
     _check_priority(priority)
     return new_ndarray(core.reducescatter(numpy_view(t), name, op, process_set,
                                           prescale_factor, postscale_factor), t)
+
+
+def grouped_reducescatter(tensors: Sequence[Any], op: ReduceOp = Average,
+                          name: str | None = None, priority: int = 0,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[Any]:
+    """Reduce-scatter several NDArrays (one dtype) as one request; returns this rank's part
+    of each."""
+    ts = _check_list(tensors)
+    _check_priority(priority)
+    results = core.grouped_reducescatter([numpy_view(t) for t in ts], name, op, process_set,
+                                         prescale_factor, postscale_factor)
+    return [new_ndarray(r, t) for t, r in zip(ts, results)]
+
+
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None, priority: int = 0,
+                      process_set: ProcessSet = global_process_set) -> list[Any]:
+    """All-gather several NDArrays (one dtype) as one request; returns the gathered ones."""
+    ts = _check_list(tensors)
+    _check_priority(priority)
+    results = core.grouped_allgather([numpy_view(t) for t in ts], name, process_set)
+    return [new_ndarray(r, t) for t, r in zip(ts, results)]
 
 
 def join() -> int:

@@ -23,6 +23,8 @@ from dlcomm.basics import (
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from dlcomm.errors import (
     DLCommError,
@@ -42,9 +44,17 @@ from dlcomm.tensorflow.mpi_ops import (
     alltoall,
     barrier,
     broadcast,
+    broadcast_,
+    grouped_allgather,
     grouped_allreduce,
+    grouped_reducescatter,
     join,
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
     reducescatter,
+    size_op,
 )
 
 
@@ -62,10 +72,11 @@ __all__ = [
     "DistributedOptimizer", "HorovodInternalError", "Max", "Min", "MismatchError",
     "ProcessSet", "Product", "ReduceOp", "ShutdownError", "StallError", "Sum",
     "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier",
-    "broadcast", "broadcast_object", "broadcast_variables", "ccl_built", "cross_rank",
-    "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built",
-    "gloo_enabled", "grouped_allreduce", "init", "is_homogeneous", "is_initialized", "join",
-    "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-    "nccl_built", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown",
-    "size",
+    "broadcast", "broadcast_", "broadcast_object", "broadcast_variables", "ccl_built",
+    "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built",
+    "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
+    "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",
+    "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "process_set_included_op", "rank", "rank_op", "reducescatter", "remove_process_set",
+    "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline",
 ]

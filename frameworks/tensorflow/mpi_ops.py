@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from dlcomm import mpi_ops as core
+from dlcomm.basics import local_rank, local_size, rank, state
 from dlcomm.ops import Average, ReduceOp, Sum, as_reduce_op
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.tensorflow.compression import Compression, split
@@ -38,16 +39,6 @@ def _check_process_set(process_set: ProcessSet) -> ProcessSet:
         raise TypeError(f"process_set must be a dlcomm.ProcessSet, got "
                         f"{type(process_set).__name__}")
     return process_set
-
-
-def _check_root(root_rank: Any, process_set: ProcessSet) -> int:
-    """Validate ``root_rank`` now, not when a graph runs."""
-    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
-        raise TypeError(f"root_rank must be an int, got {type(root_rank).__name__}")
-    n = process_set.size()
-    if not 0 <= int(root_rank) < n:
-        raise ValueError(f"root_rank {root_rank} is out of range for a process set of {n} ranks")
-    return int(root_rank)
 
 
 def _rows_shape(tensor: tf.Tensor) -> tf.TensorShape:
@@ -149,19 +140,54 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     req = collective_name("grouped_allreduce", name)
     pre, post = float(prescale_factor), float(postscale_factor)
 
-    def fn(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return core.grouped_allreduce_async(arrays, req, op, pre, post, process_set,
-                                            compression=engine_compressor).wait()
-
-    outs = call_core(fn, list(packed), [p.dtype for p in packed], [p.shape for p in packed])
+    outs = _grouped_allreduce_dense(list(packed), req, op, pre, post, process_set,
+                                    engine_compressor)
     return [tensor_compressor.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
-# --- other collectives -----------------------------------------------------------------------
+def _grouped_allreduce_dense(tensors: list[tf.Tensor], req: str | None, op: ReduceOp,
+                             pre: float, post: float, process_set: ProcessSet,
+                             engine_compressor: Any) -> list[tf.Tensor]:
+    def run(*xs: tf.Tensor) -> list[tf.Tensor]:
+        def fn(arrays: list[np.ndarray]) -> list[np.ndarray]:
+            return core.grouped_allreduce(arrays, req, op, pre, post, process_set) \
+                if engine_compressor is None else core.grouped_allreduce_async(
+                    arrays, req, op, pre, post, process_set,
+                    compression=engine_compressor).wait()
+        return call_core(fn, list(xs), [x.dtype for x in xs], [x.shape for x in xs])
+
+    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE) or not tensors[0].dtype.is_floating:
+        return run(*tensors)
+
+    @tf.custom_gradient
+    def differentiable(*xs: tf.Tensor) -> Any:
+        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:  # the same grouped reduction
+            return _grouped_allreduce_dense([tf.convert_to_tensor(d) for d in dys],
+                                            collective_name("grouped_allreduce", None), op,
+                                            pre, post, process_set, None)
+        return run(*xs), grad
+
+    return differentiable(*tensors)
+
+
+# --- other collectives: backward passes follow Horovod's conventions (docs/compatibility.md) --
+def _my_rows(grads: list[tf.Tensor], inputs: list[tf.Tensor],
+             process_set: ProcessSet) -> list[tf.Tensor]:
+    """This rank's rows of each gradient of an all-gather, averaged over ranks (Horovod)."""
+    averaged = [_allreduce_dense(tf.convert_to_tensor(g), None, Average, 1.0, 1.0,
+                                 process_set, None) for g in grads]
+    mine = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in inputs])[None, :]
+    rows = allgather(mine, process_set=process_set)  # (ranks, tensors)
+    starts = tf.reduce_sum(rows[:process_set.rank()], axis=0)
+    return [g[starts[i]:starts[i] + tf.shape(x, out_type=tf.int64)[0]]
+            for i, (g, x) in enumerate(zip(averaged, inputs))]
+
+
 @not_converted
-def allgather(tensor: Any, name: str | None = None,
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
-    """Concatenate every rank's tensor along dimension 0 (sizes may differ)."""
+    """Concatenate every rank's tensor along dimension 0 (sizes may differ). Its gradient is
+    this rank's rows of the gradient averaged over ranks, as Horovod's."""
     _check_process_set(process_set)
     t = as_tensor(tensor)
     req = collective_name("allgather", name)
@@ -177,23 +203,59 @@ def allgather(tensor: Any, name: str | None = None,
     @tf.custom_gradient
     def differentiable(x: tf.Tensor) -> Any:
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            # d(gathered)/d(mine): the sum over ranks of dy, this rank's rows of it
-            summed = _allreduce_dense(tf.convert_to_tensor(dy), None, Sum, 1.0, 1.0,
-                                      process_set, None)
-            rows = allgather(tf.shape(x, out_type=tf.int64)[:1], process_set=process_set)
-            start = tf.reduce_sum(rows[:process_set.rank()])
-            return summed[start:start + tf.shape(x, out_type=tf.int64)[0]]
+            return _my_rows([dy], [x], process_set)[0]
         return run(x), grad
 
     return differentiable(t)
 
 
 @not_converted
-def broadcast(tensor: Any, root_rank: int, name: str | None = None,
-              process_set: ProcessSet = global_process_set) -> tf.Tensor:
-    """Return ``root_rank``'s tensor on every rank."""
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
+                      ignore_name_scope: bool = False,
+                      process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
+    """All-gather several tensors (one dtype) negotiated as one request; returns the list of
+    gathered tensors (differentiable as ``allgather``)."""
     _check_process_set(process_set)
-    root = _check_root(root_rank, process_set)
+    ts = _check_tensor_list(tensors, "grouped_allgather")
+    req = collective_name("grouped_allgather", name)
+    shapes = [_rows_shape(t) for t in ts]
+
+    def run(*xs: tf.Tensor) -> list[tf.Tensor]:
+        return call_core(lambda a: core.grouped_allgather(a, req, process_set), list(xs),
+                         [x.dtype for x in xs], shapes)
+
+    if not ts[0].dtype.is_floating:
+        return run(*ts)
+
+    @tf.custom_gradient
+    def differentiable(*xs: tf.Tensor) -> Any:
+        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
+            return _my_rows(list(dys), list(xs), process_set)
+        return run(*xs), grad
+
+    return differentiable(*ts)
+
+
+def _check_tensor_list(tensors: Any, call: str, reducible: bool = False) -> list[tf.Tensor]:
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"tensors must be a list of tensors, got {type(tensors).__name__}")
+    if not tensors:
+        raise ValueError(f"{call} needs at least one tensor")
+    ts = [as_tensor(t, f"tensors[{i}]", reducible=reducible) for i, t in enumerate(tensors)]
+    if len({t.dtype for t in ts}) > 1:
+        raise ValueError(f"grouped tensors must share one dtype, got "
+                         f"{sorted({t.dtype.name for t in ts})}")
+    return ts
+
+
+@not_converted
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Return ``root_rank``'s tensor on every rank (``root_rank``: a world rank). Its gradient
+    is, on the root, the gradient averaged over ranks, zeros elsewhere, as Horovod's."""
+    _check_process_set(process_set)
+    root = core.check_root_rank(root_rank, process_set)  # validated now, not when a graph runs
     t = as_tensor(tensor)
     req = collective_name("broadcast", name)
 
@@ -206,25 +268,46 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
 
     @tf.custom_gradient
     def differentiable(x: tf.Tensor) -> Any:
-        def grad(dy: tf.Tensor) -> tf.Tensor:  # only the root's input reaches the outputs
-            summed = _allreduce_dense(tf.convert_to_tensor(dy), None, Sum, 1.0, 1.0,
-                                      process_set, None)
-            return summed if process_set.rank() == root else tf.zeros_like(summed)
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            averaged = _allreduce_dense(tf.convert_to_tensor(dy), None, Average, 1.0, 1.0,
+                                        process_set, None)
+            return averaged if rank() == root else tf.zeros_like(averaged)
         return run(x), grad
 
     return differentiable(t)
 
 
 @not_converted
+def broadcast_(variables: Any, root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> Any:
+    """Overwrite each variable with ``root_rank``'s value, in place; returns the variables
+    (a list, or the one variable given)."""
+    single = hasattr(variables, "assign")
+    vs = [variables] if single else list(variables)
+    for i, v in enumerate(vs):
+        if not hasattr(v, "assign"):
+            raise TypeError(f"variables[{i}] is a {type(v).__name__}, not a variable")
+    base = collective_name("broadcast_", name)
+    for i, v in enumerate(vs):
+        v.assign(broadcast(tf.convert_to_tensor(v), root_rank,
+                           name=None if base is None else f"{base}.{i}",
+                           process_set=process_set))
+    return variables if single else vs
+
+
+@not_converted
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
-             process_set: ProcessSet = global_process_set) -> tuple[tf.Tensor, tf.Tensor]:
-    """Send ``splits[j]`` rows to rank j; returns ``(output, received_splits)`` as Horovod."""
+             ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set
+             ) -> tf.Tensor | tuple[tf.Tensor, tf.Tensor]:
+    """Send ``splits[j]`` rows to rank j (an even split without ``splits``). As Horovod:
+    returns the rows received, and with ``splits`` given ``(output, received_splits)``. Its
+    gradient sends the gradient back the way the rows came."""
     _check_process_set(process_set)
     t = as_tensor(tensor)
     shape = _rows_shape(t)
     req = collective_name("alltoall", name)
     n = process_set.size()
-    inputs = [t]
+    split_tensor = None
     if splits is not None:
         s = tf.convert_to_tensor(splits)
         if not s.dtype.is_integer:
@@ -232,15 +315,41 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
         if s.shape.rank != 1 or (s.shape[0] is not None and s.shape[0] != n):
             raise ValueError(f"splits must be a vector of {n} entries (one per rank), got "
                              f"shape {s.shape}")
-        inputs.append(tf.cast(s, tf.int64))
+        split_tensor = tf.cast(s, tf.int64)
 
-    def fn(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        out, received = core.alltoall(arrays[0], arrays[1] if len(arrays) > 1 else None, req,
-                                      process_set)
-        return [out, np.asarray(received, dtype=np.int32)]
+    def run(x: tf.Tensor, sp: tf.Tensor | None, request: str | None) -> list[tf.Tensor]:
+        def fn(arrays: list[np.ndarray]) -> list[np.ndarray]:
+            out, received = core.alltoall(arrays[0], arrays[1] if len(arrays) > 1 else None,
+                                          request, process_set)
+            return [out, np.asarray(received, dtype=np.int32)]
+        inputs = [x] if sp is None else [x, sp]
+        return call_core(fn, inputs, [x.dtype, tf.int32], [shape, tf.TensorShape([n])])
 
-    out, received = call_core(fn, inputs, [t.dtype, tf.int32], [shape, tf.TensorShape([n])])
-    return out, received
+    if t.dtype.is_floating:
+        @tf.custom_gradient
+        def differentiable(x: tf.Tensor) -> Any:
+            out, received = run(x, split_tensor, req)
+
+            def grad(dy: tf.Tensor, *_: Any) -> tf.Tensor:
+                back = run(tf.convert_to_tensor(dy), tf.cast(received, tf.int64),
+                           collective_name("alltoall", None))[0]
+                return back
+            return (out, tf.stop_gradient(received)), grad
+
+        out, received = differentiable(t)
+    else:
+        out, received = run(t, split_tensor, req)
+    return out if splits is None else (out, received)
+
+
+def _scattered_back(grads: list[tf.Tensor], op: ReduceOp, pre: float, post: float,
+                    process_set: ProcessSet) -> list[tf.Tensor]:
+    """Horovod's gradient of a reduce-scatter: the gradient times the set's size for Sum,
+    times the scale factors, all-gathered."""
+    factor = (process_set.size() if op is Sum else 1) * pre * post
+    scaled = [tf.convert_to_tensor(g) * tf.cast(factor, g.dtype) if factor != 1
+              else tf.convert_to_tensor(g) for g in grads]
+    return grouped_allgather(scaled, process_set=process_set)
 
 
 @not_converted
@@ -248,28 +357,88 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
                   op: ReduceOp = Average, name: str | None = None,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> tf.Tensor:
-    """Reduce over ranks; rank i keeps the i-th part of dimension 0.
+    """Reduce over ranks; rank i keeps the i-th part of dimension 0 (differentiable).
 
     ``compression`` may be ``Compression.none`` or ``fp16`` (a cast); the engine's
     compressors work on all-reduces only.
     """
+    return grouped_reducescatter([tensor], device_dense, compression, op, name, process_set,
+                                 prescale_factor, postscale_factor, _single=True)[0]
+
+
+@not_converted
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
+                          compression: Any = Compression.none, op: ReduceOp = Average,
+                          name: str | None = None, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                          _single: bool = False) -> list[tf.Tensor]:
+    """Reduce-scatter several tensors (one dtype) negotiated as one request; returns this
+    rank's part of each (differentiable)."""
     _check_process_set(process_set)
     op = as_reduce_op(op)
-    t = as_tensor(tensor, reducible=True)
+    ts = _check_tensor_list(tensors, "grouped_reducescatter", reducible=True)
     tensor_compressor, engine_compressor = split(compression)
     if engine_compressor is not None:
         raise ValueError(f"reducescatter takes Compression.none or fp16, not "
                          f"{engine_compressor.describe()!r}")
-    compressed, ctx = tensor_compressor.compress(t)
-    shape = _rows_shape(compressed)
-    req = collective_name("reducescatter", name)
+    packed, ctxs = zip(*(tensor_compressor.compress(t) for t in ts))
+    shapes = [_rows_shape(p) for p in packed]
+    kind = "reducescatter" if _single else "grouped_reducescatter"
+    req = collective_name(kind, name)
     pre, post = float(prescale_factor), float(postscale_factor)
 
-    def fn(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return [core.reducescatter(arrays[0], req, op, process_set, pre, post)]
+    def run(*xs: tf.Tensor) -> list[tf.Tensor]:
+        def fn(arrays: list[np.ndarray]) -> list[np.ndarray]:
+            if _single:
+                return [core.reducescatter(arrays[0], req, op, process_set, pre, post)]
+            return core.grouped_reducescatter(arrays, req, op, process_set, pre, post)
+        return call_core(fn, list(xs), [x.dtype for x in xs], shapes)
 
-    out = call_core(fn, [compressed], [compressed.dtype], [shape])[0]
-    return tensor_compressor.decompress(out, ctx)
+    if not packed[0].dtype.is_floating:
+        outs = run(*packed)
+    else:
+        @tf.custom_gradient
+        def differentiable(*xs: tf.Tensor) -> Any:
+            def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
+                return _scattered_back(list(dys), op, pre, post, process_set)
+            return run(*xs), grad
+
+        outs = differentiable(*packed)
+    return [tensor_compressor.decompress(o, c) for o, c in zip(outs, ctxs)]
+
+
+# --- ranks and sizes as tensors (Horovod's *_op family) -------------------------------------
+def rank_op(name: str | None = None) -> tf.Tensor:
+    """This rank as an int32 tensor."""
+    return tf.constant(rank(), dtype=tf.int32, name=name)
+
+
+def local_rank_op(name: str | None = None) -> tf.Tensor:
+    """This rank's local rank as an int32 tensor."""
+    return tf.constant(local_rank(), dtype=tf.int32, name=name)
+
+
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """The number of ranks of a process set (by id; 0: all ranks) as an int32 tensor."""
+    return tf.constant(_process_set(process_set_id).size(), dtype=tf.int32, name=name)
+
+
+def local_size_op(name: str | None = None) -> tf.Tensor:
+    """The number of ranks on this host as an int32 tensor."""
+    return tf.constant(local_size(), dtype=tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """1 if this rank is a member of the process set (by id), else 0, as an int32 tensor."""
+    return tf.constant(int(_process_set(process_set_id).included()), dtype=tf.int32,
+                       name=name)
+
+
+def _process_set(process_set_id: int) -> ProcessSet:
+    sets = state().process_sets
+    if process_set_id not in sets:
+        raise ValueError(f"process set {process_set_id} does not exist (ids: {sorted(sets)})")
+    return sets[process_set_id]
 
 
 @not_converted

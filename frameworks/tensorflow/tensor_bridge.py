@@ -5,7 +5,8 @@ back as a tensor. In a graph (``tf.function``, Keras ``fit``) the same Python co
 ``tf.numpy_function`` op: TensorFlow calls back into Python with numpy arrays when the op
 executes. That costs a host copy per tensor and the GIL, and the graph cannot overlap the
 collective with other ops (see docs/tensorflow.md). ``numpy_function`` ops are stateful, so
-``tf.function``'s automatic control dependencies run them in program order on every rank.
+``tf.function``'s automatic control dependencies run them in program order on every rank; in
+a TF1 graph (``tf.compat.v1`` sessions) the adapter chains them in the order they were built.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ _MOVABLE = (tf.int8, tf.uint8, tf.int16, tf.uint16, tf.int32, tf.uint32, tf.int6
             tf.float16, tf.float32, tf.float64, tf.bool)
 _REDUCIBLE = tuple(d for d in _MOVABLE if d != tf.bool)
 _graph_counters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_graph_labels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_graph_numbers = itertools.count()
+_last_collective: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # The adapter's Python runs as is inside tf.function: its branches are on Python values.
 not_converted = tf.autograph.experimental.do_not_convert
@@ -65,8 +69,18 @@ def call_core(fn: Callable[[list[np.ndarray]], Sequence[np.ndarray]],
     if tf.executing_eagerly():
         outs = [tf.convert_to_tensor(r) for r in body(*[t.numpy() for t in casted])]
     else:
-        outs = tf.numpy_function(body, casted, wire_out, stateful=True, name="dlcomm_core")
+        graph = tf.compat.v1.get_default_graph()
+        # A TF1 graph (no tf.function) gets no automatic control dependencies: its executor
+        # would run independent collectives in a different order on each rank, one at a
+        # time (TensorFlow serialises Python ops), and two ranks each blocked in a different
+        # collective never finish. Chained in the order they were built, they run in that
+        # order everywhere.
+        previous = [] if tf.inside_function() else _last_collective.get(graph, [])
+        with tf.control_dependencies(previous):
+            outs = tf.numpy_function(body, casted, wire_out, stateful=True, name="dlcomm_core")
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        if not tf.inside_function():
+            _last_collective[graph] = [outs[0].op]
         for out, shape in zip(outs, out_shapes):
             out.set_shape(shape)
     return [tf.cast(o, d) if o.dtype != d else o for o, d in zip(outs, out_dtypes)]
@@ -88,4 +102,16 @@ def collective_name(kind: str, name: str | None) -> str | None:
         return None
     graph = tf.compat.v1.get_default_graph()
     counter = _graph_counters.setdefault(graph, itertools.count())
-    return f"{kind}.{graph.name}.{next(counter)}"
+    return f"{kind}.{_graph_label(graph)}.{next(counter)}"
+
+
+def _graph_label(graph: Any) -> str:
+    """A ``tf.function``'s graph by its name; a TF1 graph (no name) by the order in which
+    this process first built a collective in it, the same on every rank."""
+    name = getattr(graph, "name", None)
+    if name:
+        return name
+    label = _graph_labels.get(graph)
+    if label is None:
+        label = _graph_labels[graph] = f"graph{next(_graph_numbers)}"
+    return label

@@ -7,6 +7,8 @@ from typing import Any
 import torch
 
 from dlcomm import functions as core_functions
+from dlcomm.basics import rank
+from dlcomm.mpi_ops import check_root_rank
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.torch import mpi_ops
 from dlcomm.torch.compression_state import COMPRESSION_STATE_KEY
@@ -31,15 +33,25 @@ def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[Any], roo
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              model: torch.nn.Module | None = None,
                               process_set: ProcessSet = global_process_set) -> None:
     """Give every rank root's optimizer state (moments, step counts, hyper-parameters).
-    Each rank keeps its own compression state (error-feedback residuals differ per rank)."""
+
+    As Horovod, an optimizer without state yet gets it first: every trainable parameter gets
+    a zero gradient (sparse for ``SparseAdam``, or for ``model``'s sparse embeddings under
+    SGD) and the wrapped optimizer steps once, without communicating. Each rank keeps its
+    own compression state (error-feedback residuals differ per rank).
+    """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+    if not optimizer.state_dict()["state"]:
+        _initialise_state(optimizer, model)
     mine = dict(optimizer.state_dict())
     own_compression_state = mine.pop(COMPRESSION_STATE_KEY, None)
-    is_root = process_set.rank() == root_rank
+    is_root = rank() == check_root_rank(root_rank, process_set)  # a world rank, as Horovod's
     state = core_functions.broadcast_object(mine if is_root else None, root_rank,
                                             name="broadcast.optimizer_state",
                                             process_set=process_set)
@@ -52,6 +64,23 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         if own_compression_state is not None:
             state = {**state, COMPRESSION_STATE_KEY: own_compression_state}
         optimizer.load_state_dict(state)
+
+
+def _initialise_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module | None) -> None:
+    """One step of the wrapped optimizer on zero gradients, which creates its state."""
+    sparse = set()
+    if model is not None:
+        sparse = {id(p) for m in model.modules()
+                  if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam) or (
+                        isinstance(optimizer, torch.optim.SGD) and id(p) in sparse):
+                    p.grad = p.grad.to_sparse()
+    # A DistributedOptimizer's own step would all-reduce; its wrapped class's step does not.
+    getattr(type(optimizer), "_optimizer_class", type(optimizer)).step(optimizer)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

@@ -1,9 +1,11 @@
-"""Collectives on torch tensors, with ``horovod.torch``'s names and meanings.
+"""Collectives on torch tensors, with ``horovod.torch``'s names, signatures and return types.
 
-CPU tensors reach the core as numpy views of the same memory (no copy); in-place variants
-(``allreduce_``, ``broadcast_``) reduce straight into the tensor. bfloat16, which numpy
-lacks, travels as float32 (a copy). An ``*_async`` call returns the core's ``Handle`` with
-the conversion back to a tensor chained by ``then``, so ``poll``/``synchronize`` are the core's.
+CPU tensors reach the core as numpy views of the same memory (``tensor_bridge``); in-place
+variants (``allreduce_``, ``broadcast_``) reduce straight into the tensor. An ``*_async`` call
+returns the core's ``Handle`` with the conversion back to a tensor chained by ``then``, so
+``poll``/``synchronize`` are the core's. The synchronous out-of-place calls (``allreduce``,
+``allgather``, ``broadcast``, ``alltoall``, ``reducescatter`` and the grouped ones) are
+differentiable, as Horovod's (``differentiable``).
 """
 from __future__ import annotations
 
@@ -13,58 +15,20 @@ from typing import Any
 import numpy as np
 import torch
 
-import dlcomm
 from dlcomm import mpi_ops as core
 from dlcomm.mpi_ops import Handle, poll, synchronize  # noqa: F401 - one handle for all adapters
-from dlcomm.ops import Average, ReduceOp
+from dlcomm.ops import Average, ReduceOp, as_reduce_op
 from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.torch import differentiable as grad_fn
 from dlcomm.torch.compression import Compression, Compressor
-
-
-def _check_tensor(tensor: Any, what: str = "tensor") -> torch.Tensor:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
-        raise ValueError(f"{what} is on {tensor.device}; dlcomm's torch adapter moves CPU tensors "
-                         "(GPU tensors go through the NCCL backend, not available in this build)")
-    if tensor.is_sparse:
-        raise ValueError(f"{what} is sparse; use a dense tensor (or sparse_as_dense=True in "
-                         "DistributedOptimizer)")
-    return tensor
-
-
-def to_numpy(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy view of a CPU tensor (a copy for bfloat16 or non-contiguous tensors)."""
-    t = tensor.detach()
-    if t.dtype == torch.bfloat16:
-        t = t.float()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.numpy()
-
-
-def _writeback(tensor: torch.Tensor, array: np.ndarray) -> torch.Tensor:
-    """Copy ``array`` into ``tensor`` unless it already is the tensor's memory."""
-    if tensor.dtype != torch.bfloat16 and tensor.is_contiguous():
-        view = tensor.detach().numpy()
-        if np.shares_memory(view, array):
-            return tensor
-    with torch.no_grad():
-        tensor.copy_(torch.from_numpy(np.ascontiguousarray(array)).reshape(tensor.shape))
-    return tensor
-
-
-def _as_tensor(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    out = torch.from_numpy(np.ascontiguousarray(array))
-    return out.to(like.dtype) if like.dtype == torch.bfloat16 else out
-
-
-def _op(average: bool | None, op: ReduceOp | None) -> ReduceOp:
-    if average is not None and op is not None:
-        raise ValueError("give either average= (deprecated) or op=, not both")
-    if average is not None:
-        return Average if average else dlcomm.Sum
-    return Average if op is None else op
+from dlcomm.torch.tensor_bridge import (
+    as_tensor,
+    check_tensor,
+    check_tensors,
+    reduce_op,
+    to_numpy,
+    write_back,
+)
 
 
 # --- all-reduce ------------------------------------------------------------------------------
@@ -74,11 +38,11 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      process_set: ProcessSet = global_process_set,
                      compression: Any = None) -> Handle:
     """Start an in-place all-reduce of ``tensor`` (``compression``: a core compressor/spec)."""
-    t = _check_tensor(tensor)
+    t = check_tensor(tensor)
     arr = to_numpy(t)
-    h = core.allreduce_async(arr, name, _op(average, op), prescale_factor, postscale_factor,
-                             process_set, output=arr, compression=compression)
-    return h.then(lambda result: _writeback(t, result))
+    h = core.allreduce_async(arr, name, reduce_op(average, op), prescale_factor,
+                             postscale_factor, process_set, output=arr, compression=compression)
+    return h.then(lambda result: write_back(t, result))
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -96,13 +60,13 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     process_set: ProcessSet = global_process_set,
                     compression: type[Compressor] | Compressor = Compression.none) -> Handle:
     """Start an all-reduce into a new tensor (``tensor`` is left unchanged)."""
-    t = _check_tensor(tensor)
+    t = check_tensor(tensor)
     core_compressor = getattr(compression, "core", None)  # dlcomm compressors run in the engine
     compressed, ctx = compression.compress(t)
-    arr = to_numpy(compressed)
-    h = core.allreduce_async(arr, name, _op(average, op), prescale_factor, postscale_factor,
-                             process_set, compression=core_compressor)
-    return h.then(lambda result: compression.decompress(_as_tensor(result, compressed), ctx))
+    h = core.allreduce_async(to_numpy(compressed), name, reduce_op(average, op),
+                             prescale_factor, postscale_factor, process_set,
+                             compression=core_compressor)
+    return h.then(lambda result: compression.decompress(as_tensor(result, compressed), ctx))
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -110,9 +74,13 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               op: ReduceOp | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """All-reduce ``tensor`` and return the result as a new tensor."""
-    return allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
-                           process_set, compression).wait()
+    """All-reduce ``tensor`` and return the result as a new tensor (differentiable)."""
+    t = check_tensor(tensor)
+    compressed, ctx = compression.compress(t)
+    out = grad_fn.AllreduceFunction.apply(compressed, name, reduce_op(average, op),
+                                          prescale_factor, postscale_factor, process_set,
+                                          getattr(compression, "core", None))
+    return compression.decompress(out, ctx)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -121,18 +89,19 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
                              process_set: ProcessSet = global_process_set,
                              compression: Any = None) -> Handle:
     """Start an in-place all-reduce of several tensors, negotiated and fused as one."""
-    ts = [_check_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+    ts = check_tensors(tensors)
     arrays = [to_numpy(t) for t in ts]
-    h = core.grouped_allreduce_async(arrays, name, _op(average, op), prescale_factor,
+    h = core.grouped_allreduce_async(arrays, name, reduce_op(average, op), prescale_factor,
                                      postscale_factor, process_set, outputs=arrays,
                                      compression=compression)
-    return h.then(lambda results: [_writeback(t, r) for t, r in zip(ts, results)])
+    return h.then(lambda results: [write_back(t, r) for t, r in zip(ts, results)])
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
                        name: str | None = None, op: ReduceOp | None = None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """All-reduce several tensors together, in place; returns them."""
     return grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                     postscale_factor, process_set).wait()
 
@@ -142,45 +111,92 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> Handle:
     """Start an all-reduce of several tensors into new tensors."""
-    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"tensors must be a list of torch.Tensor, got {type(tensors).__name__}")
-    ts = [_check_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    arrays = [to_numpy(t) for t in ts]
-    h = core.grouped_allreduce_async(arrays, name, _op(average, op), prescale_factor,
-                                     postscale_factor, process_set)
-    return h.then(lambda results: [_as_tensor(r, t) for t, r in zip(ts, results)])
+    ts = check_tensors(tensors)
+    h = core.grouped_allreduce_async([to_numpy(t) for t in ts], name, reduce_op(average, op),
+                                     prescale_factor, postscale_factor, process_set)
+    return h.then(lambda results: [as_tensor(r, t) for t, r in zip(ts, results)])
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
-                      name: str | None = None, op: ReduceOp | None = None,
-                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      name: str | None = None,
+                      compression: type[Compressor] | Compressor = Compression.none,
+                      op: ReduceOp | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    """All-reduce several tensors together; returns new tensors."""
-    return grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                   postscale_factor, process_set).wait()
+    """All-reduce several tensors together; returns new tensors (differentiable)."""
+    ts = check_tensors(tensors)
+    packed, ctxs = zip(*(compression.compress(t) for t in ts)) if ts else ((), ())
+    outs = grad_fn.GroupedAllreduceFunction.apply(name, reduce_op(average, op),
+                                                  prescale_factor, postscale_factor,
+                                                  process_set, *packed)
+    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
-# --- other collectives -----------------------------------------------------------------------
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: ReduceOp,
+                           process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing a sparse COO tensor as Horovod does: all-gather its indices and values
+    (a sum; Average divides by the process set's size). The handle's result is a sparse
+    tensor; calling the handle waits for it, as Horovod's returned function does."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise TypeError(f"sparse_allreduce_async takes a sparse COO tensor, got "
+                        f"{type(tensor).__name__}"
+                        + ("" if not isinstance(tensor, torch.Tensor) else " (dense)"))
+    op = as_reduce_op(op)
+    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(f"sparse tensors are reduced with Sum or Average, got {op!r}")
+    t = tensor.coalesce()
+    base = name or core._auto_name("sparse_allreduce", process_set.process_set_id)
+    values = allgather_async(t.values(), name=f"{base}.values", process_set=process_set)
+    indices = allgather_async(t.indices().t().contiguous(), name=f"{base}.indices",
+                              process_set=process_set)
+
+    def combine(all_indices: torch.Tensor) -> torch.Tensor:
+        all_values = values.wait()
+        if op is Average:
+            all_values = all_values / process_set.size()
+        return torch.sparse_coo_tensor(all_indices.t(), all_values, t.shape)
+
+    return indices.then(combine)
+
+
+# --- all-gather --------------------------------------------------------------------------------
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
-    t = _check_tensor(tensor)
+    """Start concatenating every rank's tensor along dimension 0."""
+    t = check_tensor(tensor)
     h = core.allgather_async(to_numpy(t), name, process_set)
-    return h.then(lambda result: _as_tensor(result, t))
+    return h.then(lambda result: as_tensor(result, t))
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Concatenate every rank's tensor along dimension 0 (sizes may differ)."""
-    return allgather_async(tensor, name, process_set).wait()
+    """Concatenate every rank's tensor along dimension 0 (sizes may differ; differentiable)."""
+    return grad_fn.AllgatherFunction.apply(check_tensor(tensor), name, process_set)
 
 
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Start all-gathering several tensors, negotiated as one request."""
+    ts = check_tensors(tensors)
+    h = core.grouped_allgather_async([to_numpy(t) for t in ts], name, process_set)
+    return h.then(lambda results: [as_tensor(r, t) for t, r in zip(ts, results)])
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """All-gather several tensors together; returns new tensors (differentiable)."""
+    ts = check_tensors(tensors)
+    return list(grad_fn.GroupedAllgatherFunction.apply(name, process_set, *ts))
+
+
+# --- broadcast ---------------------------------------------------------------------------------
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Handle:
-    """Start overwriting ``tensor`` with ``root_rank``'s tensor."""
-    t = _check_tensor(tensor)
+    """Start overwriting ``tensor`` with ``root_rank``'s tensor (a world rank)."""
+    t = check_tensor(tensor)
     arr = to_numpy(t)
     h = core.broadcast_async(arr, root_rank, name, process_set, output=arr)
-    return h.then(lambda result: _writeback(t, result))
+    return h.then(lambda result: write_back(t, result))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -191,60 +207,104 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
-    t = _check_tensor(tensor)
+    """Start copying ``root_rank``'s tensor into a new tensor on every rank."""
+    t = check_tensor(tensor)
     h = core.broadcast_async(to_numpy(t), root_rank, name, process_set)
-    return h.then(lambda result: _as_tensor(result, t))
+    return h.then(lambda result: as_tensor(result, t))
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Return ``root_rank``'s tensor as a new tensor on every rank."""
-    return broadcast_async(tensor, root_rank, name, process_set).wait()
+    """Return ``root_rank``'s tensor as a new tensor on every rank (differentiable)."""
+    return grad_fn.BroadcastFunction.apply(check_tensor(tensor), root_rank, name, process_set)
+
+
+# --- alltoall ----------------------------------------------------------------------------------
+def _splits(splits: Any) -> Any:
+    return splits.tolist() if isinstance(splits, torch.Tensor) else splits
 
 
 def alltoall_async(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None = None,
                    name: str | None = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
-    t = _check_tensor(tensor)
-    if isinstance(splits, torch.Tensor):
-        splits = splits.tolist()
-    h = core.alltoall_async(to_numpy(t), splits, name, process_set)
+    """Start an alltoall; the handle's result is ``(output, received_splits)``."""
+    t = check_tensor(tensor)
+    h = core.alltoall_async(to_numpy(t), _splits(splits), name, process_set)
 
     def finish(result: tuple[np.ndarray, list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         out, received = result
-        return _as_tensor(out, t), torch.tensor(received, dtype=torch.int32)
+        return as_tensor(out, t), torch.tensor(received, dtype=torch.int32)
 
     return h.then(finish)
 
 
 def alltoall(tensor: torch.Tensor, splits: torch.Tensor | Sequence[int] | None = None,
              name: str | None = None, process_set: ProcessSet = global_process_set
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Send ``splits[j]`` rows to rank j; returns ``(output, received_splits)`` as Horovod."""
-    return alltoall_async(tensor, splits, name, process_set).wait()
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Send ``splits[j]`` rows to rank j (an even split without ``splits``). As Horovod:
+    returns the rows received, and with ``splits`` given ``(output, received_splits)``
+    (differentiable)."""
+    out, received = grad_fn.AlltoallFunction.apply(check_tensor(tensor), _splits(splits),
+                                                   name, process_set)
+    return out if splits is None else (out, received)
 
 
+# --- reduce-scatter ----------------------------------------------------------------------------
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None,
                         op: ReduceOp = Average, process_set: ProcessSet = global_process_set,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
-    t = _check_tensor(tensor)
+    """Start a reduce-scatter: rank i keeps the i-th part of dimension 0."""
+    t = check_tensor(tensor)
     h = core.reducescatter_async(to_numpy(t), name, op, process_set, prescale_factor,
                                  postscale_factor)
-    return h.then(lambda result: _as_tensor(result, t))
+    return h.then(lambda result: as_tensor(result, t))
 
 
-def reducescatter(tensor: torch.Tensor, name: str | None = None, op: ReduceOp = Average,
-                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> torch.Tensor:
-    """Reduce over ranks; rank i keeps the i-th part of dimension 0."""
-    return reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                               postscale_factor).wait()
+def reducescatter(tensor: torch.Tensor, name: str | None = None,
+                  compression: type[Compressor] | Compressor = Compression.none,
+                  op: ReduceOp = Average, process_set: ProcessSet = global_process_set,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduce over ranks; rank i keeps the i-th part of dimension 0 (differentiable;
+    ``compression``: ``Compression.none`` or ``fp16``, a cast)."""
+    t = check_tensor(tensor)
+    compressed, ctx = compression.compress(t)
+    out = grad_fn.ReducescatterFunction.apply(compressed, name, as_reduce_op(op), process_set,
+                                              prescale_factor, postscale_factor)
+    return compression.decompress(out, ctx)
 
 
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                                op: ReduceOp = Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Start reduce-scattering several tensors, negotiated as one request."""
+    ts = check_tensors(tensors)
+    h = core.grouped_reducescatter_async([to_numpy(t) for t in ts], name, op, process_set,
+                                         prescale_factor, postscale_factor)
+    return h.then(lambda results: [as_tensor(r, t) for t, r in zip(ts, results)])
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression: type[Compressor] | Compressor = Compression.none,
+                          op: ReduceOp = Average, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """Reduce-scatter several tensors together; returns this rank's parts (differentiable)."""
+    ts = check_tensors(tensors)
+    packed, ctxs = zip(*(compression.compress(t) for t in ts)) if ts else ((), ())
+    outs = grad_fn.GroupedReducescatterFunction.apply(name, as_reduce_op(op), process_set,
+                                                      prescale_factor, postscale_factor,
+                                                      *packed)
+    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
+
+
+# --- synchronisation -------------------------------------------------------------------------
 def join(device: int = -1) -> int:
     """This rank is out of data; serve others' all-reduces until all join. Returns the last."""
     return core.join(device)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Wait until every rank of the process set reaches the barrier."""
     core.barrier(process_set)

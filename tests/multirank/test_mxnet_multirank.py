@@ -123,7 +123,9 @@ same(hvd.alltoall(mx.nd.array(send), name="a2a"), np.array([10.0 * k + r for k i
                                                            np.float32))
 splits = [k + 1 for k in range(n)]  # rank j gets j+1 rows from everyone
 rows_out = np.arange(sum(splits), dtype=np.float32) + 100 * r
-got = hvd.alltoall(mx.nd.array(rows_out), splits=mx.nd.array(splits, dtype="int32"), name="a2a2")
+got, received = hvd.alltoall(mx.nd.array(rows_out), splits=mx.nd.array(splits, dtype="int32"),
+                             name="a2a2")  # with splits, also the received splits
+assert received.asnumpy().tolist() == [r + 1] * n
 start = sum(splits[:r])
 same(got, np.concatenate([np.arange(sum(splits), dtype=np.float32)[start:start + r + 1]
                           + 100 * k for k in range(n)]))
@@ -131,6 +133,12 @@ same(got, np.concatenate([np.arange(sum(splits), dtype=np.float32)[start:start +
 block = np.stack([data(k, (2 * n, 3)) for k in range(n)])
 same(hvd.reducescatter(mx.nd.array(block[r]), name="rs", op=hvd.Sum),
      block.sum(axis=0)[2 * r:2 * r + 2])
+same(hvd.reducescatter(mx.nd.array(block[r]), hvd.Sum, "rs.positional"),  # Horovod's order
+     block.sum(axis=0)[2 * r:2 * r + 2])
+parts = hvd.grouped_reducescatter([mx.nd.array(block[r]), mx.nd.array(block[r])], op=hvd.Sum)
+same(parts[1], block.sum(axis=0)[2 * r:2 * r + 2])
+gathered = hvd.grouped_allgather([mx.nd.array(block[r][:r + 1])], name="gag")
+same(gathered[0], np.concatenate([block[k][:k + 1] for k in range(n)]))
 # objects, barrier, join, ranks
 assert hvd.broadcast_object({"r": r}, root_rank=1 % n) == {"r": 1 % n}
 assert hvd.allgather_object(r) == list(range(n))

@@ -102,7 +102,11 @@ def check_collectives(run, tag):
     assert bools.dtype == tf.bool and bools.numpy().tolist() == [k % 2 == 0 for k in range(n)]
     close(run(lambda x: hvd.broadcast(x, root_rank=n - 1), t), np.full((3, 2), n - 1),
           tag + " broadcast")
-    out, recv = run(lambda x: hvd.alltoall(x), tf.range(n, dtype=tf.float32) + 10.0 * r)
+    # as Horovod: the output alone without splits, (output, received splits) with them
+    out = run(lambda x: hvd.alltoall(x), tf.range(n, dtype=tf.float32) + 10.0 * r)
+    close(out, [10.0 * k + r for k in range(n)], tag + " alltoall")
+    out, recv = run(lambda x: hvd.alltoall(x, splits=[1] * n),
+                    tf.range(n, dtype=tf.float32) + 10.0 * r)
     close(out, [10.0 * k + r for k in range(n)], tag + " alltoall")
     assert recv.numpy().tolist() == [1] * n
     # uneven splits: rank r sends k+1 rows to rank k
@@ -150,14 +154,25 @@ def gradients_of_collectives():
     with tf.GradientTape() as tape:
         y = tf.reduce_sum(w * hvd.allreduce(x))
     close(tape.gradient(y, x), w, "allreduce average grad")
-    # allgather: every rank's loss depends on my rows; the gradient is their sum
+    # allgather and broadcast follow Horovod: the gradient averaged over ranks (the
+    # derivative of the mean of the ranks' losses), this rank's rows of it / on the root
     xr = tf.Variable(tf.fill((r + 1, 2), float(r + 1)))
     with tf.GradientTape() as tape:
         y = tf.reduce_sum(hvd.allgather(xr) ** 2)
-    close(tape.gradient(y, xr), n * 2 * (r + 1) * np.ones((r + 1, 2)), "allgather grad")
+    close(tape.gradient(y, xr), 2 * (r + 1) * np.ones((r + 1, 2)), "allgather grad")
     with tf.GradientTape() as tape:
         y = tf.reduce_sum(w * hvd.broadcast(x, root_rank=0))
-    close(tape.gradient(y, x), n * w if r == 0 else np.zeros((2, 3)), "broadcast grad")
+    close(tape.gradient(y, x), w if r == 0 else np.zeros((2, 3)), "broadcast grad")
+    # alltoall sends the gradient back; reduce-scatter all-gathers it (times n for Sum)
+    xa = tf.Variable(tf.fill((2 * n, 3), float(r)))
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(tf.range(2 * n, dtype=tf.float32)[:, None] * hvd.alltoall(xa))
+    # rank j's output row 2r+i is my row 2j+i, weighted 2r+i there
+    close(tape.gradient(y, xa), np.repeat(np.tile([2.0 * r, 2.0 * r + 1], n)[:, None], 3, 1),
+          "alltoall grad")
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(hvd.reducescatter(xa, op=hvd.Sum))
+    close(tape.gradient(y, xa), np.full((2 * n, 3), float(n)), "reducescatter grad")
 
 
 @section
@@ -172,6 +187,11 @@ def objects_barrier_join_ranks():
     close(khvd.allreduce(float(r)), RANKS.mean(), "keras allreduce")
     close(khvd.allgather(np.array([r])), RANKS, "keras allgather")
     close(khvd.broadcast(np.array([r, r]), root_rank=0), [0, 0], "keras broadcast")
+    # Horovod returns tf.Tensors eagerly: .numpy() works on each
+    assert khvd.allgather(tf.constant([float(r)])).numpy().tolist() == RANKS.tolist()
+    assert isinstance(khvd.allreduce(float(r)), tf.Tensor)
+    close(khvd.reducescatter(np.ones((2 * n, 2)), op=hvd.Sum).numpy(), np.full((2, 2), n),
+          "keras reducescatter")
 
 
 def model_fn(seed=1):

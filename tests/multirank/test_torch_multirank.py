@@ -129,7 +129,11 @@ hvd.broadcast_(bi, 0, name="bc_")
 assert torch.equal(bi, torch.zeros(2))
 hb = hvd.broadcast_async_(bi, 0, name="bca_")
 hvd.synchronize(hb)
-out, recv = hvd.alltoall(torch.arange(n, dtype=torch.float32) + 10 * r, name="a2a")
+# as Horovod: the output alone without splits, (output, received splits) with them
+out = hvd.alltoall(torch.arange(n, dtype=torch.float32) + 10 * r, name="a2a")
+assert torch.equal(out, torch.tensor([10.0 * k + r for k in range(n)]))
+out, recv = hvd.alltoall(torch.arange(n, dtype=torch.float32) + 10 * r, splits=[1] * n,
+                         name="a2a.splits")
 assert torch.equal(out, torch.tensor([10.0 * k + r for k in range(n)])) and recv.tolist() == [1] * n
 rs = hvd.reducescatter(torch.ones(2 * n, 3), name="rs", op=hvd.Sum)
 assert torch.equal(rs, torch.full((2, 3), float(n)))

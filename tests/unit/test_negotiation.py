@@ -71,6 +71,25 @@ def test_joined_ranks_contribute_zeros_to_sum_only():
     assert not c.has_partial()
 
 
+def test_request_a_joined_rank_cannot_serve_fails_without_waiting_for_the_others():
+    """Two ranks whose unnamed calls are numbered differently (the one that joined earlier
+    made fewer calls) each fail on their own announcement instead of waiting forever."""
+    c = Coordinator(3)
+    c.add(1, [("join.noname.0", Signature(Kind.JOIN, 0))])
+    c.add(0, [("allgather.noname.0", sig(kind=Kind.ALLGATHER, op=""))])
+    c.add(2, [("allgather.noname.1", sig(kind=Kind.ALLGATHER, op=""))])
+    errors = c.pop_ready()
+    assert [r.name for r in errors] == ["allgather.noname.0", "allgather.noname.1"]
+    assert all("cannot run while ranks [1] have joined" in r.error for r in errors)
+    c.add(0, [("bc", sig(kind=Kind.BROADCAST, op="", root=0))])
+    assert "broadcast cannot run while ranks [1] have joined" in c.pop_ready()[0].error
+    c.add(0, [("a", sig())])  # Sum waits for rank 2, the joined rank adds zeros
+    assert c.pop_ready() == []
+    c.add(2, [("a", sig())])
+    (resp,) = c.pop_ready()
+    assert resp.error is None and resp.joined == {1}
+
+
 def test_stalled_lists_missing_ranks():
     c = Coordinator(3)
     c.add(0, [("s", sig())], now=0.0)

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import math
-
-import numpy as np
+from typing import Any
 
 from dlcomm.array_api import array_namespace
 from dlcomm.engine.negotiation import Response
@@ -12,18 +11,23 @@ from dlcomm.engine.request import Request
 
 
 class Allgather(PerResponse):
+    """One all-gather per tensor of the request (a grouped request has several)."""
+
     def __init__(self, state: EngineState) -> None:
         self.state = state
 
-    def run(self, response: Response, request: Request | None) -> np.ndarray:
+    def run(self, response: Response, request: Request | None) -> Any:
         assert request is not None  # joined ranks are refused for all-gathers
         ps = self.state.process_set(response)
         comm = ps.data_comm(response.reference.device)
-        x = request.arrays[0]
-        rest = x.shape[1:]
-        row = math.prod(rest)
-        rows = [response.signatures[r].shapes[0][0] for r in ps.ranks]
-        out = array_namespace(x).empty((sum(rows), *rest), dtype=x.dtype)
-        with self.state.timeline.phase(response.name, "communicate", {"bytes": x.nbytes}):
-            comm.allgatherv(x.reshape(-1), out.reshape(-1), [n * row for n in rows])
-        return out
+        results = []
+        with self.state.timeline.phase(response.name, "communicate",
+                                       {"bytes": sum(x.nbytes for x in request.arrays)}):
+            for i, x in enumerate(request.arrays):
+                rest = x.shape[1:]
+                row = math.prod(rest)
+                rows = [response.signatures[r].shapes[i][0] for r in ps.ranks]
+                out = array_namespace(x).empty((sum(rows), *rest), dtype=x.dtype)
+                comm.allgatherv(x.reshape(-1), out.reshape(-1), [n * row for n in rows])
+                results.append(out)
+        return results if request.grouped else results[0]

@@ -3,7 +3,8 @@ into the fusion buffer (reduced in place, then unpacked into the outputs), or, w
 caller gave outputs, reduced into a fresh buffer whose views are the results.
 
 Prescale factors are applied while packing; postscale factors and the average's division
-(by the ranks that contributed: joined ranks send zeros) while unpacking.
+(by every member of the process set, as Horovod: joined ranks send zeros) while unpacking,
+float16 scaled in float32 and integers in float64 (``scale_into``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.array_api import array_namespace
+from dlcomm.array_api import array_namespace, scale_into
 from dlcomm.engine import fusion
 from dlcomm.engine.operations.base import EngineState, Item, Operation
 from dlcomm.engine.request import Request
@@ -40,7 +41,7 @@ class DenseAllreduce(Operation):
         owners: list[tuple[Request | None, int]] = []  # (request, number of its tensors)
         for resp, req in items:
             rsig = resp.reference
-            divisor = resp.contributors if op is ReduceOp.AVERAGE else 1
+            divisor = len(resp.members) if op is ReduceOp.AVERAGE else 1
             if req is None:  # this rank joined: it contributes zeros and keeps nothing
                 arrays = [np.zeros(s, dtype=dtype) for s in rsig.shapes]
                 outs: list[Any] = [None] * len(arrays)
@@ -87,14 +88,14 @@ class DenseAllreduce(Operation):
         with self.state.timeline.phase(name, "communicate", {"bytes": x.nbytes}):
             flat_out = out.reshape(-1)
             if pre != 1.0:
-                np.multiply(x.reshape(-1), pre, out=flat_out, casting="unsafe")
+                scale_into(x.reshape(-1), pre, flat_out)
                 comm.allreduce(flat_out, flat_out, op)
             elif out is x:
                 comm.allreduce(flat_out, flat_out, op)
             else:
                 comm.allreduce(x.reshape(-1), flat_out, op)
             if post != 1.0:
-                np.multiply(flat_out, post, out=flat_out, casting="unsafe")
+                scale_into(flat_out, post, flat_out)
 
     def _fused(self, comm: Any, inputs: list[Any], outputs: list[Any], pre: list[float],
                post: list[float], op: ReduceOp, names: list[str], dtype: np.dtype) -> None:
@@ -127,12 +128,12 @@ class DenseAllreduce(Operation):
             comm.allreduce(buf, result, op)
         if len(set(post)) == 1:
             if post[0] != 1.0:
-                xp.multiply(result, post[0], out=result, casting="unsafe")
+                scale_into(result, post[0], result)
             post = [1.0] * len(post)
         outputs = []
         for x, start, scale in zip(inputs, offsets, post):
             view = result[start:start + x.size].reshape(x.shape)
             if scale != 1.0:
-                xp.multiply(view, scale, out=view, casting="unsafe")
+                scale_into(view, scale, view)
             outputs.append(view)
         return outputs

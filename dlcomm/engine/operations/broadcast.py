@@ -14,9 +14,10 @@ class Broadcast(PerResponse):
 
     def run(self, response: Response, request: Request | None) -> np.ndarray:
         assert request is not None  # joined ranks are refused for broadcasts
-        comm = self.state.process_set(response).data_comm(response.reference.device)
+        ps = self.state.process_set(response)
+        comm = ps.data_comm(response.reference.device)
         out = request.outputs[0]
-        root = response.reference.root  # rank within the process set, as in Horovod
+        root = ps.set_rank(response.reference.root)  # the root is named by its world rank
         with self.state.timeline.phase(response.name, "communicate", {"bytes": out.nbytes}):
             comm.bcast(out.reshape(-1), root)
         return out

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.array_api import array_namespace
+from dlcomm.array_api import array_namespace, scale_into
 from dlcomm.compression.exchange import compressed_allreduce, run_rounds
 from dlcomm.engine import fusion
 from dlcomm.engine.negotiation import Response
@@ -31,7 +31,10 @@ def _tensors(response: Response, request: Request) -> list[tuple[str, Any, Any]]
     out = []
     for i, (x, o) in enumerate(zip(request.arrays, request.outputs)):
         name = response.name if len(request.arrays) == 1 else f"{response.name}.{i}"
-        src = x if sig.prescale == 1.0 else x * x.dtype.type(sig.prescale)
+        src = x
+        if sig.prescale != 1.0:
+            src = array_namespace(x).empty_like(x)
+            scale_into(x, sig.prescale, src)
         out.append((name, src, o))
     return out
 
@@ -73,7 +76,7 @@ class CompressedAllreduce(Operation):
                                  phase)
             scale = sig.postscale / (comm.size if sig.op == "average" else 1)
             for (_, _, _, _, out), (value, _) in zip(tensors, results):
-                np.multiply(value, scale, out=out, casting="unsafe")
+                scale_into(value, scale, out)
         except Exception as exc:
             for _, request in items:
                 request.handle.set_error(exc)
@@ -105,7 +108,7 @@ class CompressedAllreduce(Operation):
                                                {"compression": sig.compression}):
                     y = compressed_allreduce(request.compressor, src, name, exchange,
                                              average=sig.op == "average")
-                np.multiply(y, sig.postscale, out=out, casting="unsafe")
+                scale_into(y, sig.postscale, out)
         except Exception as exc:
             request.handle.set_error(exc)
             return

@@ -31,8 +31,8 @@ import torch
 
 from dlcomm.heterogeneity.dssync import GroupCycle, average_in_group
 from dlcomm.heterogeneity.global_sync import GlobalSyncPoints
-from dlcomm.torch.mpi_ops import _writeback, to_numpy
 from dlcomm.torch.schedules.base import build
+from dlcomm.torch.tensor_bridge import to_numpy, write_back
 
 # Every DS-Sync optimizer built in this process, in construction order (the same on every
 # rank: construction is collective). Held strongly so that at exit every rank sees the same
@@ -82,7 +82,7 @@ class DSSyncOptimizer:
                 arrays = average_in_group(self._arrays(params), self._cycle, self.sync_step,
                                           while_waiting=waiting)
                 for p, a in zip(params, arrays):
-                    _writeback(p.data, a)
+                    write_back(p.data, a)
         self.sync_step += 1
         return result
 
@@ -99,7 +99,7 @@ class DSSyncOptimizer:
             self._global.synchronize(self.sync_step, groups)
             for params, arrays in zip(self._by_dtype, groups):
                 for p, a in zip(params, arrays):
-                    _writeback(p.data, a)
+                    write_back(p.data, a)
         self._synced_at = self.sync_step
 
     def state_dict(self) -> dict:

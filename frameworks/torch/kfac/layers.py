@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from dlcomm.kfac import factors as kf
-from dlcomm.torch.mpi_ops import to_numpy
+from dlcomm.torch.tensor_bridge import to_numpy
 
 
 class KFACLayer:

@@ -84,7 +84,7 @@ class ScheduleBase:
                groups: list[list[torch.Tensor]] | None, sparse_as_dense: bool,
                process_set: ProcessSet) -> None:
         """Called by ``build`` after the optimizer's own ``__init__``."""
-        self._names = parameter_names(named_parameters, self.param_groups)
+        self._parameter_names = parameter_names(named_parameters, self.param_groups)
         self._compression = compression
         self._core_compressor = (compression.core if isinstance(compression, CoreCompressor)
                                  else None)
@@ -94,6 +94,8 @@ class ScheduleBase:
         self._user_groups = groups
         self._sparse_as_dense = sparse_as_dense
         self._process_set = process_set
+        # A rank outside the process set trains on its own: no hooks, nothing to synchronize.
+        self._included = process_set.process_set_id == 0 or process_set.included()
         self._prefix = self._request_prefix()
         self._params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self._pending: dict[torch.Tensor, Handle] = {}  # gradients in flight
@@ -128,8 +130,8 @@ class ScheduleBase:
             p.grad = torch.zeros_like(p)
         elif p.grad.is_sparse:
             if not self._sparse_as_dense:
-                raise ValueError(f"parameter '{self._names[p]}' has a sparse gradient; the "
-                                 f"'{self.schedule_name}' schedule sends dense gradients: pass "
+                raise ValueError(f"parameter '{self._parameter_names[p]}' has a sparse gradient; "
+                                 f"the '{self.schedule_name}' schedule sends dense gradients: pass "
                                  "sparse_as_dense=True or use schedule='wfbp'")
             p.grad = p.grad.to_dense()
         return p.grad
@@ -137,14 +139,25 @@ class ScheduleBase:
     def _submit_allreduce(self, params: list[torch.Tensor], name: str) -> Handle:
         """Start one (grouped) in-place all-reduce of these parameters' gradients."""
         pre, post = self._scales()
+        was_sparse = [p for p in params if p.grad is not None and p.grad.is_sparse]
         grads = [self._dense_grad(p) for p in params]
         for inspect in self._gradient_inspectors:
             inspect(grads)
-        return start_gradient_allreduce(
+        handle = start_gradient_allreduce(
             grads, f"{self._prefix}.{name}",
             compression=self._compression, core_compressor=self._core_compressor,
             op=self._op, prescale_factor=pre, postscale_factor=post,
             process_set=self._process_set, momentum=momentum_after_allreduce(self))
+        if not was_sparse:
+            return handle
+
+        def back_to_sparse(_: Any) -> None:
+            # sparse_as_dense: the optimizer (SparseAdam, ...) gets a sparse gradient back, as
+            # with Horovod.
+            for p in was_sparse:
+                p.grad = p.grad.to_sparse()
+
+        return handle.then(back_to_sparse)
 
     def _record_step_for_autotune(self) -> None:
         """Feed this step's time to the autotuner (all ranks at the same step, nothing of
@@ -177,7 +190,7 @@ class ScheduleBase:
             self.synchronize()
 
     def step(self, closure: Any = None) -> Any:
-        if self._should_synchronize:
+        if self._should_synchronize and self._included:
             self._synchronize_for_step()
         self._synchronized = False
         result = self._base_step(closure)

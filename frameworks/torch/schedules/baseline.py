@@ -19,6 +19,6 @@ class NoOverlapSchedule(ScheduleBase):
 
     def synchronize(self) -> None:
         """All-reduce every gradient now (one grouped request) and write it into ``.grad``."""
-        if self._params:
+        if self._params and self._included:
             self._submit_allreduce(self._params, "all").wait()
         self._synchronized = True

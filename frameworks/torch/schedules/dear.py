@@ -105,6 +105,9 @@ class DeARSchedule(ScheduleBase):
     schedule_name = "dear"
 
     def _start(self) -> None:
+        if not self._included:
+            raise ValueError("schedule='dear' needs every rank that builds it in its "
+                             "process_set; use schedule='wfbp' on ranks outside it")
         _check_splittable(self)
         if self._compression is not NoneCompressor:
             raise ValueError("schedule='dear' sends gradients uncompressed; use "
@@ -143,14 +146,14 @@ class DeARSchedule(ScheduleBase):
     def _on_grad(self, p: torch.Tensor) -> None:
         if p in self._awaiting:
             raise RuntimeError(
-                f"parameter '{self._names[p]}' was used before its update of the previous "
-                "step was applied: schedule='dear' updates a parameter just before the first "
-                "module owning it runs, and this parameter was used outside its module's "
+                f"parameter '{self._parameter_names[p]}' was used before its update of the "
+                "previous step was applied: schedule='dear' updates a parameter just before the "
+                "first module owning it runs, and this parameter was used outside its module's "
                 "forward. Call optimizer.flush() before such use, or use schedule='wfbp'")
         bucket = self._bucket_of[p]
         if bucket.scatter is not None and self._delay[p] <= 0:
             raise RuntimeError(
-                f"gradient of '{self._names[p]}' was computed more than "
+                f"gradient of '{self._parameter_names[p]}' was computed more than "
                 f"backward_passes_per_step={self._passes} times before step()")
         self._delay[p] -= 1
         if self._delay[p] > 0:

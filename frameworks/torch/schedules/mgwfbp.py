@@ -134,7 +134,7 @@ class MGWFBPSchedule(WFBPSchedule):
                                 process_set=self._process_set)
         self._groups = [[self._params[i] for i in group] for group in plan]
         self._group_of = {p: g for g, members in enumerate(self._groups) for p in members}
-        self.merge_plan = [[self._names[p] for p in members] for members in self._groups]
+        self.merge_plan = [[self._parameter_names[p] for p in members] for members in self._groups]
         log.info("mgwfbp: alpha %.3g s, beta %.3g s/B; %d parameters in %d messages",
                  self.cost_model.alpha, self.cost_model.beta, len(self._params),
                  len(self._groups))
@@ -144,6 +144,8 @@ class MGWFBPSchedule(WFBPSchedule):
         """Wait for every gradient's all-reduce and write the results into ``.grad``; the
         first ``PROFILE_STEPS`` calls also record when each gradient was ready."""
         super().synchronize()
+        if not self._included:
+            return
         self._steps += 1
         if self._steps <= PROFILE_STEPS:
             self._profile.append(dict(self._ready_at))
