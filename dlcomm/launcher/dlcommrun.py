@@ -296,6 +296,22 @@ def _error(message: str, code: int) -> int:
     return code
 
 
+# What Open MPI puts in the environment of a process it started, or of a Python that called
+# MPI_Init as a singleton; a new mpirun that inherits them joins that job instead of starting
+# its own and exits 1 without a word. User settings (other OMPI_MCA_* variables) are kept.
+_ENCLOSING_JOB_PREFIXES = ("PMIX_", "ORTE_", "PRTE_", "OMPI_APP_CTX_", "OMPI_COMM_WORLD_",
+                           "OMPI_FIRST_RANKS", "OMPI_NUM_APP_CTX", "OMPI_UNIVERSE_SIZE",
+                           "OMPI_FILE_LOCATION", "OMPI_MCA_ess", "OMPI_MCA_orte_",
+                           "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir")
+
+
+def without_enclosing_mpi_job(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the variables of an MPI job this process runs inside, so the
+    mpirun dlcommrun starts is a job of its own (a test or tool that initialised MPI and
+    then runs ``dlcommrun`` in a subprocess)."""
+    return {k: v for k, v in environ.items() if not k.startswith(_ENCLOSING_JOB_PREFIXES)}
+
+
 def _launch(
     opts: LaunchOptions,
     env: dict[str, str],
@@ -376,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "e.g. dlcommrun -np 2 python train.py",
             EXIT_USAGE,
         )
-    env = dict(os.environ)
+    env = without_enclosing_mpi_job(os.environ)
     try:
         if opts.emulate is not None:
             return _run_emulated(opts, env)

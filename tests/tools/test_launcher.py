@@ -393,3 +393,32 @@ def test_emulate_runs_the_job_with_prefix_and_env(monkeypatch: pytest.MonkeyPatc
     assert main(["--emulate", "2x1gbit", sys.executable, "-c", code]) == 0
     assert seen and seen[0][:2] == ["env", "DLCOMM_PREFIX_RAN=yes"]
     assert fake.calls[-1] == ("exit",)
+
+
+def test_variables_of_an_enclosing_mpi_job_are_dropped_user_settings_kept() -> None:
+    from dlcomm.launcher.dlcommrun import without_enclosing_mpi_job
+
+    env = {"PMIX_NAMESPACE": "x", "PMIX_RANK": "0", "OMPI_MCA_ess": "singleton",
+           "OMPI_MCA_orte_launch": "1", "OMPI_APP_CTX_NUM_PROCS": "1",
+           "ORTE_SCHIZO_DETECTION": "ORTE", "OMPI_MCA_btl": "self,tcp",
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "PATH": "/bin"}
+    assert without_enclosing_mpi_job(env) == {"OMPI_MCA_btl": "self,tcp",
+                                              "OMPI_ALLOW_RUN_AS_ROOT": "1", "PATH": "/bin"}
+
+
+def test_dlcommrun_from_a_process_that_initialised_mpi_starts_its_own_job(tmp_path) -> None:
+    """A test or tool that called MPI_Init (a singleton) and then runs dlcommrun: the child
+    inherits the singleton's PMIx variables, and mpirun used to exit 1 without a word
+    (test_bench_kfac's tiny run failed so in the full suite, after in-process MPI tests)."""
+    import subprocess
+    import sys
+
+    script = ("from mpi4py import MPI\n"
+              "import subprocess, sys\n"
+              "p = subprocess.run(['dlcommrun', '-np', '2', sys.executable, '-c', "
+              "'print(\"rank up\")'], capture_output=True, text=True, timeout=120)\n"
+              "print(p.returncode, p.stdout.count('rank up'))\n"
+              "sys.stderr.write(p.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+    assert proc.stdout.split() == ["0", "2"], (proc.stdout, proc.stderr)
