@@ -171,3 +171,66 @@ def test_hierarchical_sums_16_bit_buffers_in_float32(np_ranks, tmp_path):
     proc = run_mpi(np_ranks, ACCUMULATION, tmp_path, timeout=300,
                    env={"DLCOMM_HIERARCHICAL_RANKS_PER_HOST": "2"})
     assert proc.count_per_rank(": 0 failures") == [1] * np_ranks, proc.report()
+
+
+ENGINE_FASTEST = r"""
+import json, os, socket, sys
+from pathlib import Path
+import numpy as np
+from mpi4py import MPI
+
+world = MPI.COMM_WORLD
+p, r = world.Get_size(), world.Get_rank()
+# Two pretend hosts of two ranks: the cost model lists `hierarchical` only when the ranks'
+# host names say several hosts with several ranks each; the forced split matches them.
+socket.gethostname = lambda: f"pretend-host-{r // 2}"
+
+from dlcomm.collectives import HierarchicalAllreduce, hierarchical, selection
+from dlcomm.collectives.pipelined import segment_bytes_from_env
+
+hosts = [f"pretend-host-{i // 2}" for i in range(p)]
+key = selection.topology_key(hosts, selection.ANY_CANDIDATES, segment_bytes_from_env())
+if r == 0:  # a cached model in which hierarchical is the fastest at every size
+    seconds = {name: (1.0, 1.0, 1.0) for name in selection.ANY_CANDIDATES}
+    seconds["hierarchical"] = (1e-3, 1e-3, 1e-3)
+    model = selection.CostModel(key, selection.PROBE_SIZES, seconds)
+    Path(os.environ["DLCOMM_ALLREDUCE_MODEL_CACHE"], f"{key}.json").write_text(
+        json.dumps(model.to_json()))
+world.Barrier()
+
+widened = []  # sizes the float32-accumulating leader ring ran on
+ring = hierarchical.widened_ring_allreduce
+def spy(comm, accumulator, out, ufunc, widening):
+    widened.append(accumulator.size)
+    return ring(comm, accumulator, out, ufunc, widening)
+hierarchical.widened_ring_allreduce = spy
+
+import dlcomm
+dlcomm.init()
+rng = np.random.default_rng(r)
+x16 = np.where(rng.random(5001) < 0.25, rng.integers(512, 2048, 5001),
+               rng.integers(0, 64, 5001) / 64.0).astype(np.float16)
+got = dlcomm.allreduce(x16, name="grad16", op=dlcomm.Sum)
+want = HierarchicalAllreduce(world, hierarchical_ranks_per_host=2)(x16, np.empty_like(x16))
+failures = []
+if not np.array_equal(got, want):
+    failures.append("engine float16 result is not the hierarchical float32-accumulated one")
+if r % 2 == 0 and widened != [5001, 5001]:  # the engine's call, then the explicit one
+    failures.append(f"leader ran the widened ring on {widened}, expected [5001, 5001]")
+if r % 2 == 1 and widened:
+    failures.append(f"a non-leader ran the leaders' ring: {widened}")
+dlcomm.shutdown()
+print(f"rank {r}: {len(failures)} failures", *failures, sep="\n  ")
+sys.exit(1 if failures else 0)
+"""
+
+
+def test_fastest_picks_hierarchical_with_float32_accumulation_for_float16(tmp_path):
+    """With ``fastest`` and ranks on several hosts the engine's float16 all-reduce runs the
+    hierarchical path, float32 accumulation included, when the cost model says so."""
+    cache = tmp_path / "models"
+    cache.mkdir()
+    env = {"DLCOMM_ALLREDUCE_ALGORITHM": "fastest", "DLCOMM_HIERARCHICAL_RANKS_PER_HOST": "2",
+           "DLCOMM_ALLREDUCE_MODEL_CACHE": str(cache)}
+    proc = run_mpi(4, ENGINE_FASTEST, tmp_path, timeout=120, env=env)
+    assert proc.count_per_rank(": 0 failures") == [1] * 4, proc.report()
