@@ -10,8 +10,11 @@ not divide by the rank count (0, 1, p-1, 7, 4099):
 - on mixed-magnitude inputs (a few large values among many small ones) the old path that
   sums in float16 at every step (``hierarchical_fp32_accumulation=False``) is measurably
   worse wherever a host holds more than one rank, and identical where it cannot differ;
-- min and max are exact, float32 buffers take the old path bit for bit, and the
-  ``DLCOMM_HIERARCHICAL_*`` variables reach the registry's ``hierarchical``.
+- with ``rhd`` leaders (the host's float32 sum rounded once, leaders in float16) the
+  result is the same on every rank and within one rounding per host;
+- min and max are exact, float32 buffers take the old path bit for bit, the
+  ``DLCOMM_HIERARCHICAL_*`` variables reach the registry's ``hierarchical``, and bad
+  arguments raise errors that name the fix.
 
 Each rank prints its own failures into its own output file (``run_mpi``).
 """
@@ -75,6 +78,8 @@ for rph in (1, 2, 3, 0):
     new = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=rph)
     old = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=rph,
                                 hierarchical_fp32_accumulation=False)
+    rhd = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=rph,
+                                hierarchical_leader_algorithm="rhd")
     hosts = new.host_count
     crowded = p - hosts >= 1 and p >= 3  # some host holds 2+ ranks: float16 sums differ
     tag = f"p={p} ranks_per_host={rph} hosts={hosts}"
@@ -92,6 +97,11 @@ for rph in (1, 2, 3, 0):
         if n and off.max() > hop_bound(hosts):
             failures.append(f"{tag} n={n} float16: {off.max()} ulps from the rounded exact "
                             f"sum, bound {hop_bound(hosts)}")
+        if rph == 2:  # rhd leaders: the host's float32 sum rounded once, then float16
+            got_rhd = check_call(f"{tag} n={n} float16 rhd", rhd, x, "sum")
+            off_rhd = np.abs(got_rhd.astype(np.float64) - want.astype(np.float64)) / ulp
+            if n and off_rhd.max() > (hosts if hosts > 1 else 0):
+                failures.append(f"{tag} n={n} float16 rhd leaders: {off_rhd.max()} ulps")
         before = check_call(f"{tag} n={n} float16 old", old, x, "sum")
         if n == LARGE:
             err_new = np.abs(got.astype(np.float64) - exact).sum()
@@ -140,6 +150,7 @@ for rph in (1, 2, 3, 0):
             failures.append(f"{tag} n={n}: float32 changed with the knob")
     new.free()
     old.free()
+    rhd.free()
 
 # The environment reaches the registry's entry: DLCOMM_HIERARCHICAL_RANKS_PER_HOST=2 is set
 # by the test; the accumulation knob is on by default and read per setting.
@@ -159,6 +170,26 @@ if not np.array_equal(cached(values, np.empty_like(values), "sum"),
     failures.append("DLCOMM_HIERARCHICAL_FP32_ACCUMULATION=0 does not give the float16 path")
 if cached_hierarchical_allreduce(comm, hierarchical_fp32_accumulation=True) is cached:
     failures.append("the argument does not override the environment")
+
+
+
+def raises(kind, fragment, func, *args, **kwargs):
+    try:
+        func(*args, **kwargs)
+    except kind as exc:
+        if fragment not in str(exc):
+            failures.append(f"{kind.__name__} without {fragment!r}: {exc}")
+    else:
+        failures.append(f"no {kind.__name__} from {func!r} {kwargs}")
+
+
+raises(TypeError, "True or False", HierarchicalAllreduce, comm,
+       hierarchical_fp32_accumulation="yes")
+raises(TypeError, "uint16", explicit, values, np.empty_like(values), "sum", bfloat16=True)
+bits = float_to_bf16_bits(values.astype(np.float32))
+by_host = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=1,
+                                hierarchical_leader_algorithm="rhd")
+raises(ValueError, "'ring'", by_host, bits, np.empty_like(bits), "sum", bfloat16=True)
 
 print(f"rank {r}: {len(failures)} failures", *failures[:20], sep="\n  ")
 sys.exit(1 if failures else 0)
