@@ -35,7 +35,12 @@ from dlcomm.collectives.tree import (
     binomial_reduce_inplace,
     tree_allreduce,
 )
-from dlcomm.collectives.widening import Widening, widened_binomial_reduce, widened_ring_allreduce
+from dlcomm.collectives.widening import (
+    Widening,
+    widened_binomial_reduce,
+    widened_rhd_allreduce,
+    widened_ring_allreduce,
+)
 from dlcomm.comm.mpi_backend import NULL
 from dlcomm.config import knob_value
 from dlcomm.ops import ReduceOp
@@ -48,6 +53,12 @@ LEADER_ALGORITHMS: dict[str, Callable[..., np.ndarray]] = {
     "tree": tree_allreduce,
 }
 DEFAULT_LEADER_ALGORITHM = "ring"
+# Leader algorithms that add 16-bit messages into a float32 accumulator; with the others a
+# widened reduction rounds the host's sum once and the leaders reduce in 16 bits.
+WIDENED_LEADER_ALGORITHMS: dict[str, Callable[..., None]] = {
+    "ring": widened_ring_allreduce,
+    "rhd": widened_rhd_allreduce,
+}
 LEADER_ALGORITHM_ENV = "DLCOMM_HIERARCHICAL_LEADER_ALGORITHM"
 RANKS_PER_HOST_ENV = "DLCOMM_HIERARCHICAL_RANKS_PER_HOST"
 FP32_ACCUMULATION_KNOB = "hierarchical_fp32_accumulation"  # DLCOMM_HIERARCHICAL_FP32_ACCUMULATION
@@ -97,11 +108,12 @@ class HierarchicalAllreduce:
     the buffer (twice its bytes) and a float32 receive scratch on every rank that receives
     inside its host (and on the leaders), a cast of each element in and out, and float32
     partial sums (twice the bytes) on the shared-memory messages of ranks that forward
-    one (a rank that only sends its own input sends it in 16 bits). With a leader algorithm
-    other than ``ring`` the host's float32 sum is rounded once and the leaders run that
-    algorithm in float16. False: every step reduces in float16, as before. float32/float64
-    and integer buffers, and min/max, are never affected. Argument names match the
-    ``DLCOMM_HIERARCHICAL_*`` knobs; the constructor itself does not read the environment.
+    one (a rank that only sends its own input sends it in 16 bits). The ``rhd`` leaders
+    accumulate in float32 the same way; with ``tree`` or ``mpi`` the host's float32 sum is
+    rounded once and the leaders reduce in float16. False: every step reduces in float16,
+    as before. float32/float64 and integer buffers, and min/max, are never affected.
+    Argument names match the ``DLCOMM_HIERARCHICAL_*`` knobs; the constructor itself does
+    not read the environment.
     """
 
     def __init__(
@@ -156,7 +168,8 @@ class HierarchicalAllreduce:
         ``sendbuf is recvbuf`` reduces in place. ``bfloat16=True`` says that uint16 buffers
         hold bfloat16 bit patterns (``dlcomm.bfloat16``): they are then reduced as numbers,
         always in float32 (numpy has no bfloat16 arithmetic), with 16-bit messages; it needs
-        the ``ring`` leader algorithm when there are several hosts. Returns ``recvbuf``.
+        the ``ring`` or ``rhd`` leader algorithm when there are several hosts. Returns
+        ``recvbuf``.
         """
         if self.local_comm.freed:
             raise ValueError("this HierarchicalAllreduce was freed; build a new one")
@@ -166,8 +179,9 @@ class HierarchicalAllreduce:
         if widening is not None:
             accumulator = widened_binomial_reduce(self.local_comm, send, ufunc, widening)
             if self.is_leader:
-                if self.leader_algorithm == "ring":
-                    widened_ring_allreduce(self.leader_comm, accumulator, recv, ufunc, widening)
+                widened = WIDENED_LEADER_ALGORITHMS.get(self.leader_algorithm)
+                if widened is not None:
+                    widened(self.leader_comm, accumulator, recv, ufunc, widening)
                 else:
                     widening.narrow(accumulator, recv)
                     LEADER_ALGORITHMS[self.leader_algorithm](self.leader_comm, recv, recv, op)
@@ -186,11 +200,11 @@ class HierarchicalAllreduce:
         if bfloat16:
             if dtype != np.uint16:
                 raise TypeError(f"bfloat16=True needs uint16 bfloat16 bit patterns, got {dtype}")
-            if self.leader_algorithm != "ring" and self.host_count > 1:
+            if self.leader_algorithm not in WIDENED_LEADER_ALGORITHMS and self.host_count > 1:
                 raise ValueError(
-                    f"bfloat16 buffers need hierarchical_leader_algorithm='ring' among several "
-                    f"hosts (got {self.leader_algorithm!r}): the others would add bit patterns "
-                    "as integers"
+                    f"bfloat16 buffers need hierarchical_leader_algorithm 'ring' or 'rhd' among "
+                    f"several hosts (got {self.leader_algorithm!r}): the others would add bit "
+                    "patterns as integers"
                 )
             return Widening(np.dtype(np.uint16))
         if dtype == np.float16 and self.fp32_accumulation and ufunc in _ROUNDING_UFUNCS:

@@ -19,6 +19,12 @@ import numpy as np
 from dlcomm import kernels
 from dlcomm.collectives.buffers import PointToPoint
 from dlcomm.collectives.chunking import displacements, equal_counts
+from dlcomm.collectives.halving_doubling import (
+    _doubling_allgather,
+    _participant_rank,
+    _world_rank,
+    largest_power_of_two_at_most,
+)
 from dlcomm.collectives.reduction import reduce_into
 from dlcomm.collectives.ring import ring_allgather_inplace
 from dlcomm.collectives.tags import CollectiveTag
@@ -133,3 +139,58 @@ def widened_ring_allreduce(
     lo, hi = offsets[rank], offsets[rank + 1]
     widening.narrow(accumulator[lo:hi], out[lo:hi])
     ring_allgather_inplace(comm, out, offsets)
+
+
+def widened_rhd_allreduce(
+    comm: PointToPoint, accumulator: np.ndarray, out: np.ndarray, ufunc: np.ufunc,
+    widening: Widening,
+) -> None:
+    """``widened_ring_allreduce`` by recursive halving-doubling (``halving_doubling``).
+
+    Every message the reduction sends (the fold of the extra ranks, each halving step) is
+    the float32 partial result rounded to 16 bits, and every received one is widened and
+    added in float32; each rank rounds its finished block once into ``out``, and the
+    doubling all-gather and the unfold move 16-bit results. ``log2 p`` roundings of a
+    partial sum instead of the ring's ``p - 1``. ``accumulator`` is clobbered.
+    """
+    size, rank = comm.size, comm.rank
+    if size == 1:
+        widening.narrow(accumulator, out)
+        return
+    group = largest_power_of_two_at_most(size)
+    extra = size - group
+    me = _participant_rank(rank, extra)
+    narrow = np.empty(accumulator.size, dtype=out.dtype)  # 16-bit send and receive scratch
+    wide = np.empty_like(accumulator)
+    if rank < 2 * extra:  # fold: the extra (even) ranks hand their sums to their partner
+        if me < 0:
+            widening.narrow(accumulator, narrow)
+            comm.send(narrow, rank + 1, CollectiveTag.RHD_FOLD)
+        else:
+            comm.recv(narrow, rank - 1, CollectiveTag.RHD_FOLD)
+            reduce_into(accumulator, widening.widen(narrow, wide), ufunc)
+    if me >= 0:
+        offsets = displacements(equal_counts(accumulator.size, group))
+        incoming = np.empty_like(narrow)
+        distance = group // 2
+        while distance >= 1:  # recursive halving: keep the half holding block `me`
+            partner = _world_rank(me ^ distance, extra)
+            keep_lo = offsets[(me // distance) * distance]
+            keep_hi = offsets[(me // distance) * distance + distance]
+            give_lo = offsets[((me ^ distance) // distance) * distance]
+            give_hi = offsets[((me ^ distance) // distance) * distance + distance]
+            n_give, n_keep = give_hi - give_lo, keep_hi - keep_lo
+            widening.narrow(accumulator[give_lo:give_hi], narrow[:n_give])
+            comm.sendrecv_into(narrow[:n_give], partner, incoming[:n_keep], partner,
+                               CollectiveTag.RHD_REDUCE_SCATTER)
+            widening.widen(incoming[:n_keep], wide[:n_keep])
+            reduce_into(accumulator[keep_lo:keep_hi], wide[:n_keep], ufunc)
+            distance //= 2
+        lo, hi = offsets[me], offsets[me + 1]
+        widening.narrow(accumulator[lo:hi], out[lo:hi])
+        _doubling_allgather(comm, out, offsets, me, group, extra)
+    if rank < 2 * extra:  # unfold: the partners hand the 16-bit result back
+        if me < 0:
+            comm.recv(out, rank + 1, CollectiveTag.RHD_UNFOLD)
+        else:
+            comm.send(out, rank - 1, CollectiveTag.RHD_UNFOLD)

@@ -10,8 +10,9 @@ not divide by the rank count (0, 1, p-1, 7, 4099):
 - on mixed-magnitude inputs (a few large values among many small ones) the old path that
   sums in float16 at every step (``hierarchical_fp32_accumulation=False``) is measurably
   worse wherever a host holds more than one rank, and identical where it cannot differ;
-- with ``rhd`` leaders (the host's float32 sum rounded once, leaders in float16) the
-  result is the same on every rank and within one rounding per host;
+- ``rhd`` leaders (float32 accumulation too, with the fold of 3 and 5 leaders) keep the
+  same bound; ``tree`` leaders (the host's float32 sum rounded once, leaders in float16)
+  give the same bits on every rank, within one rounding per host;
 - min and max are exact, float32 buffers take the old path bit for bit, the
   ``DLCOMM_HIERARCHICAL_*`` variables reach the registry's ``hierarchical``, and bad
   arguments raise errors that name the fix.
@@ -80,6 +81,8 @@ for rph in (1, 2, 3, 0):
                                 hierarchical_fp32_accumulation=False)
     rhd = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=rph,
                                 hierarchical_leader_algorithm="rhd")
+    tree = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=rph,
+                                 hierarchical_leader_algorithm="tree")
     hosts = new.host_count
     crowded = p - hosts >= 1 and p >= 3  # some host holds 2+ ranks: float16 sums differ
     tag = f"p={p} ranks_per_host={rph} hosts={hosts}"
@@ -97,11 +100,16 @@ for rph in (1, 2, 3, 0):
         if n and off.max() > hop_bound(hosts):
             failures.append(f"{tag} n={n} float16: {off.max()} ulps from the rounded exact "
                             f"sum, bound {hop_bound(hosts)}")
-        if rph == 2:  # rhd leaders: the host's float32 sum rounded once, then float16
+        if rph in (1, 2):  # rhd leaders accumulate in float32 too (with a fold at 3, 5)
             got_rhd = check_call(f"{tag} n={n} float16 rhd", rhd, x, "sum")
             off_rhd = np.abs(got_rhd.astype(np.float64) - want.astype(np.float64)) / ulp
-            if n and off_rhd.max() > (hosts if hosts > 1 else 0):
+            if n and off_rhd.max() > hop_bound(hosts):
                 failures.append(f"{tag} n={n} float16 rhd leaders: {off_rhd.max()} ulps")
+        if rph == 2:  # tree leaders: the host's float32 sum rounded once, then float16
+            got_tree = check_call(f"{tag} n={n} float16 tree", tree, x, "sum")
+            off_tree = np.abs(got_tree.astype(np.float64) - want.astype(np.float64)) / ulp
+            if n and off_tree.max() > (hosts if hosts > 1 else 0):
+                failures.append(f"{tag} n={n} float16 tree leaders: {off_tree.max()} ulps")
         before = check_call(f"{tag} n={n} float16 old", old, x, "sum")
         if n == LARGE:
             err_new = np.abs(got.astype(np.float64) - exact).sum()
@@ -129,6 +137,11 @@ for rph in (1, 2, 3, 0):
         if n and off_b.max() > hop_bound(hosts):
             failures.append(f"{tag} n={n} bfloat16: {off_b.max()} ulps, bound "
                             f"{hop_bound(hosts)}")
+        if rph in (1, 2):
+            got_rb = check_call(f"{tag} n={n} bfloat16 rhd", rhd, bits, "sum", bfloat16=True)
+            off_rb = np.abs(bf16_bits_to_float(got_rb).astype(np.float64) - want_f) / ulp_b
+            if n and off_rb.max() > hop_bound(hosts):
+                failures.append(f"{tag} n={n} bfloat16 rhd: {off_rb.max()} ulps")
 
         # min/max exact (bfloat16 compared as numbers, negative values included)
         signed = values * np.where(np.arange(n) % 2, -1.0, 1.0)
@@ -151,6 +164,7 @@ for rph in (1, 2, 3, 0):
     new.free()
     old.free()
     rhd.free()
+    tree.free()
 
 # The environment reaches the registry's entry: DLCOMM_HIERARCHICAL_RANKS_PER_HOST=2 is set
 # by the test; the accumulation knob is on by default and read per setting.
@@ -188,8 +202,8 @@ raises(TypeError, "True or False", HierarchicalAllreduce, comm,
 raises(TypeError, "uint16", explicit, values, np.empty_like(values), "sum", bfloat16=True)
 bits = float_to_bf16_bits(values.astype(np.float32))
 by_host = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=1,
-                                hierarchical_leader_algorithm="rhd")
-raises(ValueError, "'ring'", by_host, bits, np.empty_like(bits), "sum", bfloat16=True)
+                                hierarchical_leader_algorithm="tree")
+raises(ValueError, "'ring' or 'rhd'", by_host, bits, np.empty_like(bits), "sum", bfloat16=True)
 
 print(f"rank {r}: {len(failures)} failures", *failures[:20], sep="\n  ")
 sys.exit(1 if failures else 0)
@@ -230,11 +244,11 @@ if r == 0:  # a cached model in which hierarchical is the fastest at every size
 world.Barrier()
 
 widened = []  # sizes the float32-accumulating leader ring ran on
-ring = hierarchical.widened_ring_allreduce
+ring = hierarchical.WIDENED_LEADER_ALGORITHMS["ring"]
 def spy(comm, accumulator, out, ufunc, widening):
     widened.append(accumulator.size)
     return ring(comm, accumulator, out, ufunc, widening)
-hierarchical.widened_ring_allreduce = spy
+hierarchical.WIDENED_LEADER_ALGORITHMS["ring"] = spy
 
 import dlcomm
 dlcomm.init()
