@@ -138,6 +138,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob("hierarchical_ranks_per_host", 0, lambda t: int(t),
          "Force groups of this many consecutive ranks as 'hosts' (0: shared-memory split).",
          where="HierarchicalAllreduce"),
+    Knob("hierarchical_fp32_accumulation", True, parse_bool,
+         "Sum float16 buffers in float32 inside the hierarchical all-reduce: float32 partial "
+         "sums inside a host, 16-bit messages between hosts added into a float32 "
+         "accumulator, one rounding to 16 bits before the broadcast (the same bytes between "
+         "hosts; costs a float32 copy of the buffer, casts, and float32 partial sums over "
+         "shared memory). 0: every step sums in float16. See docs/mixed_precision.md.",
+         where="HierarchicalAllreduce"),
     Knob("schedule", "wfbp", str,
          "When DistributedOptimizer all-reduces gradients: wfbp (each as backward produces "
          "it), mgwfbp (merged by a measured cost model), dear (reduce-scatter in backward, "
