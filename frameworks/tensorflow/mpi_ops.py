@@ -271,7 +271,13 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
         def grad(dy: tf.Tensor) -> tf.Tensor:
             averaged = _allreduce_dense(tf.convert_to_tensor(dy), None, Average, 1.0, 1.0,
                                         process_set, None)
-            return averaged if rank() == root else tf.zeros_like(averaged)
+            if rank() == root:
+                return averaged
+            # In a graph, tf.zeros_like of a fully defined shape is a constant that does not
+            # depend on ``averaged``: the all-reduce would then run on the root only and
+            # wait forever for the others (Horovod's test_horovod_broadcast_grad_cpu).
+            with tf.control_dependencies([averaged]):
+                return tf.zeros_like(averaged)
         return run(x), grad
 
     return differentiable(t)

@@ -16,6 +16,8 @@ require_framework("tensorflow", install="make install-tensorflow")
 
 NP = 2
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0",
+         # a rank left waiting (a collective only some ranks run) fails the job, not hangs it
+         "DLCOMM_STALL_SHUTDOWN_SECONDS": "180",
          "CUDA_VISIBLE_DEVICES": "", "KERAS_BACKEND": "tensorflow"}
 
 SCRIPT = r'''
@@ -174,6 +176,23 @@ def gradients_of_collectives():
         y = tf.reduce_sum(hvd.reducescatter(xa, op=hvd.Sum))
     close(tape.gradient(y, xa), np.full((2 * n, 3), float(n)), "reducescatter grad")
 
+
+
+@section
+def gradients_in_a_v1_graph():
+    # Horovod's TF1 path (test_horovod_broadcast_grad_cpu): tf.gradients in a Graph run by a
+    # Session. A non-root rank's broadcast gradient is zeros, but it must still take part in
+    # the all-reduce the root's gradient waits for (a bare zeros_like of a known shape is a
+    # constant in a graph: the root then waited forever).
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.ones((5, 5)) * float(r)
+        for root in range(n):
+            y = hvd.broadcast(x, root_rank=root, name=f"v1graph.broadcast.{root}")
+            grad = tf.gradients(y, x, tf.ones((5, 5)))[0]
+            with tf.compat.v1.Session(graph=graph) as sess:
+                out = sess.run(grad)
+            close(out, np.full((5, 5), 1.0 if r == root else 0.0), f"v1 broadcast grad {root}")
 
 @section
 def objects_barrier_join_ranks():
@@ -495,6 +514,7 @@ def errors_are_clear():
 
 SECTIONS = [
     "collectives_eager", "collectives_in_tf_function", "gradients_of_collectives",
+    "gradients_in_a_v1_graph",
     "objects_barrier_join_ranks", "tape_equals_single_process", "tape_compression_and_sum",
     "keras_fit_equals_single_process_and_broadcast_fixes_init",
     "keras_backward_passes_and_apply", "broadcast_variables_fixes_models",
