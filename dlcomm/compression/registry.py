@@ -121,11 +121,17 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object], str | None]:
 def get_compressor(
     spec: str,
     *,
-    min_compress_size: int = DEFAULT_MIN_COMPRESS_SIZE,
-    compress_1d: bool = False,
+    min_compress_size: int | None = None,
+    compress_1d: bool | None = None,
 ) -> Compressor:
     """Build the compressor named by ``spec`` (see module docstring), with error feedback
-    where it is the default, and the bypass knobs applied."""
+    where it is the default, and the bypass knobs applied: each left None comes from its
+    environment variable (``DLCOMM_MIN_COMPRESS_SIZE``, ``DLCOMM_COMPRESS_1D``), as every
+    knob does, so ``Compression.lookup(...)`` and spec strings honour them too."""
+    if min_compress_size is None or compress_1d is None:
+        env_size, env_1d = bypass_knobs_from_env()
+        min_compress_size = env_size if min_compress_size is None else min_compress_size
+        compress_1d = env_1d if compress_1d is None else compress_1d
     name, params, cast = parse_spec(spec)
     entry = REGISTRY[name]
     ef = bool(params.pop("ef", entry.error_feedback))
@@ -146,12 +152,22 @@ def compressor_from_env(
     ``DLCOMM_MIN_COMPRESS_SIZE`` and ``DLCOMM_COMPRESS_1D`` (0/1) as bypass knobs."""
     env = os.environ if env is None else env
     spec = env.get(ENV_COMPRESSION, "").strip() or default
+    min_size, compress_1d = bypass_knobs_from_env(env)
+    return get_compressor(spec, min_compress_size=min_size, compress_1d=compress_1d)
+
+
+def bypass_knobs_from_env(env: Mapping[str, str] | None = None) -> tuple[int, bool]:
+    """``(min_compress_size, compress_1d)`` from ``DLCOMM_MIN_COMPRESS_SIZE`` and
+    ``DLCOMM_COMPRESS_1D`` (0/1), their defaults where unset; ValueError on a bad value."""
+    env = os.environ if env is None else env
     raw_size = env.get(ENV_MIN_COMPRESS_SIZE, str(DEFAULT_MIN_COMPRESS_SIZE)).strip()
     try:
         min_size = int(raw_size)
     except ValueError:
         raise ValueError(f"{ENV_MIN_COMPRESS_SIZE}={raw_size!r} is not an int") from None
+    if min_size < 0:
+        raise ValueError(f"{ENV_MIN_COMPRESS_SIZE}={raw_size!r} must be >= 0")
     raw_1d = env.get(ENV_COMPRESS_1D, "0").strip()
     if raw_1d not in ("0", "1"):
         raise ValueError(f"{ENV_COMPRESS_1D}={raw_1d!r} must be 0 or 1")
-    return get_compressor(spec, min_compress_size=min_size, compress_1d=raw_1d == "1")
+    return min_size, raw_1d == "1"

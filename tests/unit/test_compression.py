@@ -311,6 +311,26 @@ def test_bad_arguments_raise():
         make("signum").aggregate([np.ones(2)], "max")
 
 
+def test_bypass_knobs_reach_every_way_of_naming_a_compressor(monkeypatch):
+    # The knobs' environment variables apply wherever a compressor is built from a spec
+    # (get_compressor, Compression.lookup, DistributedOptimizer's compression=None), and an
+    # explicit argument wins over them.
+    monkeypatch.setenv("DLCOMM_MIN_COMPRESS_SIZE", "10")
+    monkeypatch.setenv("DLCOMM_COMPRESS_1D", "1")
+    c = get_compressor("topk:ratio=0.5")
+    assert c.applies_to(np.ones(12, np.float32)) and not c.applies_to(np.ones(9, np.float32))
+    assert not get_compressor("topk", min_compress_size=100).applies_to(np.ones(12, np.float32))
+    assert not get_compressor("topk", compress_1d=False).applies_to(np.ones(2000, np.float32))
+    from dlcomm.compression.adapter import NoneCompressor, make_compression, resolve
+    compression = make_compression(NoneCompressor)
+    assert compression.lookup("qsgd").core.applies_to(np.ones(12, np.float32))
+    monkeypatch.setenv("DLCOMM_COMPRESSION", "powersgd:rank=1")
+    assert resolve(None, compression).core.applies_to(np.ones((3, 4), np.float32))
+    monkeypatch.setenv("DLCOMM_MIN_COMPRESS_SIZE", "-1")
+    with pytest.raises(ValueError, match="DLCOMM_MIN_COMPRESS_SIZE"):
+        get_compressor("topk")
+
+
 def test_compressor_from_env():
     c = compressor_from_env(env={"DLCOMM_COMPRESSION": "qsgd:levels=8",
                                  "DLCOMM_MIN_COMPRESS_SIZE": "10", "DLCOMM_COMPRESS_1D": "1"})
