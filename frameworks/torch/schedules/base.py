@@ -25,6 +25,7 @@ from dlcomm.torch.compression import CoreCompressor
 from dlcomm.torch.compression_state import (
     COMPRESSION_STATE_KEY,
     SCHEDULE_STATE_KEY,
+    SYNC_STATE_KEY,
     to_numpy,
     to_torch,
 )
@@ -242,6 +243,9 @@ class ScheduleBase:
         state = dict(state_dict)
         compression_state = state.pop(COMPRESSION_STATE_KEY, None)
         schedule_state = state.pop(SCHEDULE_STATE_KEY, None)
+        if state.pop(SYNC_STATE_KEY, None) is not None:  # LB-BSP's mixin took its own
+            warnings.warn("the checkpoint holds the state of a sync mode (dssync, lbbsp), but "
+                          "this optimizer runs sync='bsp': it is ignored", stacklevel=2)
         if self._core_compressor is not None:
             if compression_state is None:
                 warnings.warn("the checkpoint holds no compression state (saved by a plain "
