@@ -82,7 +82,8 @@ def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
 # --- every schedule (issue 27 item 1): DeAR flushes its pending updates into the checkpoint
 # (also when the model is saved first, through the module's state_dict), MG-WFBP carries its
 # step count, profile, cost model and merge plan under "dlcomm_schedule". DeAR sends
-# uncompressed gradients, so it runs with "none"; the others with topk and powersgd.
+# uncompressed gradients, so it runs with "none"; the others with topk and powersgd. A plan
+# that does not fit the model, or another schedule's state, raises ValueError.
 SCHEDULE_CONFIGS = [("wfbp", "topk:ratio=0.1"), ("none", "topk:ratio=0.1"),
                     ("none", "powersgd:rank=2"), ("mgwfbp", "topk:ratio=0.1"),
                     ("mgwfbp", "powersgd:rank=2"), ("dear", "none")]
@@ -141,6 +142,22 @@ for config in configs:
             opt.flush()
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
         np.save(f"{out_dir}/{phase}_{tag}_{r}.npy", flat)
+if phase == "resume":  # a plan that does not fit the model, or another schedule's, is refused
+    saved = torch.load(f"{out_dir}/opt_mgwfbp_topk_ratio_0.1_{r}.pt", weights_only=True)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 72), torch.nn.ReLU(), torch.nn.Linear(72, 5))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), schedule="mgwfbp")
+    for bad, match in ((dict(saved[SCHEDULE_STATE_KEY], merge_plan=[["0.weight"]]), "exactly once"),
+                       (dict(saved[SCHEDULE_STATE_KEY], schedule="dear"), "'dear'"),
+                       (dict(saved[SCHEDULE_STATE_KEY], merge_plan=[["fc9.weight"]]), "fc9")):
+        try:
+            opt.load_state_dict({"state": {}, "param_groups": saved["param_groups"],
+                                 SCHEDULE_STATE_KEY: bad})
+        except ValueError as exc:
+            assert match in str(exc), exc
+        else:
+            raise AssertionError(f"{bad} was accepted")
+    print("REFUSED", flush=True)
 print("OK", flush=True)
 '''
 
@@ -152,6 +169,8 @@ def test_every_schedule_resumes_from_checkpoint_as_the_uninterrupted_run(tmp_pat
         proc = run_mpi(ranks, SCHEDULE_SCRIPT, tmp_path, timeout=400,
                        args=[phase, str(tmp_path), configs])
         assert proc.count_per_rank("OK") == [1] * ranks, proc.report()
+        if phase == "resume":
+            assert proc.count_per_rank("REFUSED") == [1] * ranks, proc.report()
     for schedule, spec in SCHEDULE_CONFIGS:
         config = f"{schedule}/{spec}"
         tag = config.replace(":", "_").replace("=", "_").replace(",", "_").replace("/", "_")
