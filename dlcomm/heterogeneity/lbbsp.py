@@ -102,6 +102,17 @@ class MovingAveragePredictor:
         """Predicted speeds of the next iteration, or None before any observation."""
         return None if self._ema is None else self._ema.copy()
 
+    def state_dict(self) -> dict:
+        """The moving average so far (plain Python values, for checkpoints)."""
+        return {"kind": "ema", "alpha": self.alpha,
+                "ema": None if self._ema is None else [float(v) for v in self._ema]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned."""
+        _check_predictor_state(state, "ema")
+        ema = state.get("ema")
+        self._ema = None if ema is None else _float_array(ema, "ema")
+
 
 class NARXPredictor:
     """NARX-style predictor: a scikit-learn regressor maps a rank's last ``lags`` speeds and
@@ -127,6 +138,7 @@ class NARXPredictor:
         self._scale = 1.0
         self._fallback = MovingAveragePredictor()
         self._since_fit = 0
+        self._fitted_on: tuple[list[np.ndarray], list[np.ndarray]] | None = None
 
     def _new_model(self):  # noqa: ANN202 - a scikit-learn estimator
         # scikit-learn is an optional dependency, needed by the NARX predictor only.
@@ -155,6 +167,8 @@ class NARXPredictor:
             self._fit()
 
     def _fit(self) -> None:
+        # What the model was fitted on, so that a checkpoint can refit the same model.
+        self._fitted_on = ([a.copy() for a in self._speeds], [b.copy() for b in self._batches])
         self._scale = float(np.mean(self._speeds)) or 1.0
         rows, targets = [], []
         for t in range(self.lags, len(self._speeds)):
@@ -175,6 +189,58 @@ class NARXPredictor:
         pred = self._model.predict(self._features(len(self._speeds), nb)) * self._scale
         floor = 0.05 * np.min(self._speeds[-1])  # a regressor may overshoot below zero
         return np.maximum(pred, floor)
+
+    def state_dict(self) -> dict:
+        """The speed and batch history, the data of the last fit (the model is refitted on
+        it when loading: the regressor is deterministic for its seed) and the fallback's
+        state, as plain Python values."""
+        def rows(arrays: list[np.ndarray]) -> list[list[float]]:
+            return [[float(v) for v in a] for a in arrays]
+
+        return {"kind": "narx", "model": self.model_name, "lags": self.lags,
+                "seed": self.seed, "speeds": rows(self._speeds), "batches": rows(self._batches),
+                "since_fit": self._since_fit,
+                "fitted_on": None if self._fitted_on is None else [
+                    rows(self._fitted_on[0]), rows(self._fitted_on[1])],
+                "fallback": self._fallback.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned (refits the model on the saved data)."""
+        _check_predictor_state(state, "narx")
+        for key, mine in (("model", self.model_name), ("lags", self.lags), ("seed", self.seed)):
+            if state.get(key) != mine:
+                raise ValueError(f"the checkpoint's NARX predictor has {key}="
+                                 f"{state.get(key)!r}, this one {mine!r}")
+
+        def arrays(rows: Any, what: str) -> list[np.ndarray]:
+            return [_float_array(r, what) for r in rows]
+
+        speeds, batches = arrays(state["speeds"], "speeds"), arrays(state["batches"], "batches")
+        if len(speeds) != len(batches):
+            raise ValueError("NARX state: speeds and batches differ in length")
+        fitted = state.get("fitted_on")
+        self._fallback.load_state_dict(state["fallback"])
+        self._model, self._scale, self._fitted_on = None, 1.0, None
+        if fitted is not None:
+            self._speeds, self._batches = (arrays(fitted[0], "speeds"),
+                                           arrays(fitted[1], "batches"))
+            self._fit()
+        self._speeds, self._batches = speeds, batches
+        self._since_fit = int(state["since_fit"])
+
+
+def _check_predictor_state(state: object, kind: str) -> None:
+    if not isinstance(state, dict) or state.get("kind") != kind:
+        found = state.get("kind") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"the checkpoint holds the state of a {found!r} speed predictor; "
+                         f"this balancer predicts with {kind!r}")
+
+
+def _float_array(values: object, what: str) -> np.ndarray:
+    a = np.asarray(values, dtype=np.float64)
+    if a.ndim != 1 or not np.all(np.isfinite(a)):
+        raise ValueError(f"predictor state: {what} must be a list of finite numbers")
+    return a
 
 
 def make_predictor(name: str) -> MovingAveragePredictor | NARXPredictor:
@@ -235,6 +301,60 @@ class BatchBalancer:
             "global_batch": self.global_batch, "num_ranks": self.num_ranks,
             "min_batch": self.min_batch, "max_batch": self.max_batch,
             "interval": self.interval, "predictor": self.predictor_name})
+
+    _SETTINGS = ("global_batch", "num_ranks", "min_batch", "max_batch", "interval",
+                 "predictor_name")
+
+    def state_dict(self) -> dict:
+        """Everything the next re-sizing depends on, as plain Python values (for
+        checkpoints): the settings (checked when loading), the batch sizes, the position in
+        the current interval with this rank's samples and seconds so far, and the speed
+        predictor's history. ``samples``/``seconds`` are this rank's: each rank saves its own."""
+        predictor = (self.predictor.state_dict() if hasattr(self.predictor, "state_dict")
+                     else None)
+        return {**{k: getattr(self, k) for k in self._SETTINGS},
+                "batch_sizes": list(self.batch_sizes), "iterations": self.iterations,
+                "span": self._span, "since": self._since, "samples": float(self._samples),
+                "seconds": float(self._seconds), "predictor": predictor}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned. Settings that differ from this balancer's
+        (another global batch, number of ranks, bounds, interval or predictor) raise
+        ``ValueError``: the saved sizes and history would not fit them."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from BatchBalancer.state_dict(), got "
+                            f"{type(state).__name__}")
+        missing = [k for k in (*self._SETTINGS, "batch_sizes", "iterations", "span", "since",
+                               "samples", "seconds") if k not in state]
+        if missing:
+            raise ValueError(f"BatchBalancer state lacks {missing}")
+        differ = {k: (state[k], getattr(self, k)) for k in self._SETTINGS
+                  if state[k] != getattr(self, k)}
+        if differ:
+            text = ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items())
+            raise ValueError(f"the checkpoint's LB-BSP balancer was built with other settings "
+                             f"({text}); resume with the same settings")
+        sizes = [_check_int(b, "batch_sizes[i]", self.min_batch) for b in state["batch_sizes"]]
+        if (len(sizes) != self.num_ranks or sum(sizes) != self.global_batch
+                or max(sizes) > self.max_batch):
+            raise ValueError(f"BatchBalancer state: batch_sizes {sizes} do not split "
+                             f"{self.global_batch} over {self.num_ranks} ranks within "
+                             f"[{self.min_batch}, {self.max_batch}]")
+        predictor = state.get("predictor")
+        if predictor is not None:
+            if not hasattr(self.predictor, "load_state_dict"):
+                raise ValueError(f"the checkpoint holds predictor state, but this balancer's "
+                                 f"predictor ({self.predictor_name}) cannot load it")
+            self.predictor.load_state_dict(predictor)
+        elif hasattr(self.predictor, "state_dict"):
+            raise ValueError("the checkpoint holds no predictor state for this balancer's "
+                             f"predictor ({self.predictor_name})")
+        self.batch_sizes = sizes
+        self.iterations = _check_int(state["iterations"], "iterations", 0)
+        self._span = _check_int(state["span"], "span", 1)
+        self._since = _check_int(state["since"], "since", 0)
+        self._samples = float(state["samples"])
+        self._seconds = float(state["seconds"])
 
     @property
     def local_batch(self) -> int:

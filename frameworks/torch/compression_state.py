@@ -1,9 +1,12 @@
-"""The compressor's state inside a torch optimizer checkpoint (issue 27).
+"""dlcomm's state inside a torch optimizer checkpoint (issue 27).
 
 ``DistributedOptimizer.state_dict()`` stores the core compressor's ``state_dict`` (error
 feedback residuals, low-rank factors, step counters, by request name) under
 ``COMPRESSION_STATE_KEY``, numpy arrays turned into torch tensors so that ``torch.save`` and
-``torch.load(weights_only=True)`` carry it; loading turns them back.
+``torch.load(weights_only=True)`` carry it; loading turns them back. The schedule's state
+(MG-WFBP's profile, cost model and merge plan) goes under ``SCHEDULE_STATE_KEY`` and the
+synchronisation mode's (DS-Sync's step, LB-BSP's batch sizes and speed history) under
+``SYNC_STATE_KEY``, both as plain Python values.
 """
 from __future__ import annotations
 
@@ -13,6 +16,11 @@ import numpy as np
 import torch
 
 COMPRESSION_STATE_KEY = "dlcomm_compression"
+SCHEDULE_STATE_KEY = "dlcomm_schedule"
+SYNC_STATE_KEY = "dlcomm_sync"
+# Each rank keeps its own value of these when the optimizer state is broadcast: residuals,
+# profiles and measured speeds differ per rank.
+RANK_LOCAL_KEYS = (COMPRESSION_STATE_KEY, SCHEDULE_STATE_KEY, SYNC_STATE_KEY)
 
 
 def to_torch(state: Any) -> Any:

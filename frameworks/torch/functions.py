@@ -11,7 +11,7 @@ from dlcomm.basics import rank
 from dlcomm.mpi_ops import check_root_rank
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.torch import mpi_ops
-from dlcomm.torch.compression_state import COMPRESSION_STATE_KEY
+from dlcomm.torch.compression_state import RANK_LOCAL_KEYS
 
 
 def broadcast_parameters(params: Mapping[str, torch.Tensor] | Iterable[Any], root_rank: int = 0,
@@ -40,7 +40,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     As Horovod, an optimizer without state yet gets it first: every trainable parameter gets
     a zero gradient (sparse for ``SparseAdam``, or for ``model``'s sparse embeddings under
     SGD) and the wrapped optimizer steps once, without communicating. Each rank keeps its
-    own compression state (error-feedback residuals differ per rank).
+    own dlcomm state (compression residuals, the schedule's and the sync mode's state: they
+    differ per rank).
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
@@ -50,7 +51,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     if not optimizer.state_dict()["state"]:
         _initialise_state(optimizer, model)
     mine = dict(optimizer.state_dict())
-    own_compression_state = mine.pop(COMPRESSION_STATE_KEY, None)
+    own = {k: mine.pop(k) for k in RANK_LOCAL_KEYS if k in mine}
     is_root = rank() == check_root_rank(root_rank, process_set)  # a world rank, as Horovod's
     state = core_functions.broadcast_object(mine if is_root else None, root_rank,
                                             name="broadcast.optimizer_state",
@@ -61,8 +62,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         if groups_root != groups_mine:
             raise ValueError(f"optimizer parameter groups differ from rank {root_rank}'s: "
                              f"{groups_mine} parameters per group here, {groups_root} there")
-        if own_compression_state is not None:
-            state = {**state, COMPRESSION_STATE_KEY: own_compression_state}
+        state = {k: v for k, v in state.items() if k not in RANK_LOCAL_KEYS}
+        state.update(own)
         optimizer.load_state_dict(state)
 
 

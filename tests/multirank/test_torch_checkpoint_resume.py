@@ -77,3 +77,109 @@ def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
             plain = np.load(tmp_path / f"resume_plain_{tag}_{r}.npy")
             if spec != "none":  # without its state the compressor takes another path
                 assert not np.array_equal(plain, full), f"{spec}: the state made no difference"
+
+
+# --- every schedule (issue 27 item 1): DeAR flushes its pending updates into the checkpoint
+# (also when the model is saved first, through the module's state_dict), MG-WFBP carries its
+# step count, profile, cost model and merge plan under "dlcomm_schedule". DeAR sends
+# uncompressed gradients, so it runs with "none"; the others with topk and powersgd. A plan
+# that does not fit the model, or another schedule's state, raises ValueError.
+SCHEDULE_CONFIGS = [("wfbp", "topk:ratio=0.1"), ("none", "topk:ratio=0.1"),
+                    ("none", "powersgd:rank=2"), ("mgwfbp", "topk:ratio=0.1"),
+                    ("mgwfbp", "powersgd:rank=2"), ("dear", "none")]
+
+SCHEDULE_SCRIPT = r'''
+import sys
+import warnings
+import numpy as np
+import torch
+import torch.nn.functional as F
+import dlcomm.torch as hvd
+from dlcomm.torch.compression_state import SCHEDULE_STATE_KEY
+from dlcomm.torch.schedules import cost_model, mgwfbp
+
+# MG-WFBP's plan follows measured times; a start-up cost of 1 s merges every gradient into
+# one message whatever the timings, so the uninterrupted run and the resumed one plan alike.
+mgwfbp.agreed_alpha_beta = lambda **kwargs: cost_model.AlphaBeta(1.0, 0.0)
+
+phase, out_dir, configs = sys.argv[1], sys.argv[2], sys.argv[3].split(";")
+hvd.init()
+torch.set_num_threads(1)
+r = hvd.rank()
+g = torch.Generator().manual_seed(100 + r)
+X, Y = torch.randn(64, 24, generator=g), torch.randint(0, 5, (64,), generator=g)
+for config in configs:
+    schedule, spec = config.split("/")
+    tag = config.replace(":", "_").replace("=", "_").replace(",", "_").replace("/", "_")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 72), torch.nn.ReLU(), torch.nn.Linear(72, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=spec, schedule=schedule)
+    first = 0
+    if phase in ("resume", "resume_plain"):
+        model.load_state_dict(torch.load(f"{out_dir}/model_{tag}_{r}.pt", weights_only=True))
+        saved = torch.load(f"{out_dir}/opt_{tag}_{r}.pt", weights_only=True)
+        if phase == "resume_plain":
+            saved.pop(SCHEDULE_STATE_KEY, None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            opt.load_state_dict(saved)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        first = 4
+    last = 4 if phase == "first" else 8
+    for step in range(first, last):
+        idx = slice(8 * step % 64, 8 * step % 64 + 8)
+        opt.zero_grad()
+        F.cross_entropy(model(X[idx]), Y[idx]).backward()
+        opt.step()
+    if phase == "first":
+        # The model first, in a file of its own: DeAR's pending updates must be in it.
+        torch.save(model.state_dict(), f"{out_dir}/model_{tag}_{r}.pt")
+        torch.save(opt.state_dict(), f"{out_dir}/opt_{tag}_{r}.pt")
+    else:
+        if schedule == "dear":
+            opt.flush()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+        np.save(f"{out_dir}/{phase}_{tag}_{r}.npy", flat)
+if phase == "resume":  # a plan that does not fit the model, or another schedule's, is refused
+    saved = torch.load(f"{out_dir}/opt_mgwfbp_topk_ratio_0.1_{r}.pt", weights_only=True)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 72), torch.nn.ReLU(), torch.nn.Linear(72, 5))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), schedule="mgwfbp")
+    for bad, match in ((dict(saved[SCHEDULE_STATE_KEY], merge_plan=[["0.weight"]]), "exactly once"),
+                       (dict(saved[SCHEDULE_STATE_KEY], schedule="dear"), "'dear'"),
+                       (dict(saved[SCHEDULE_STATE_KEY], merge_plan=[["fc9.weight"]]), "fc9")):
+        try:
+            opt.load_state_dict({"state": {}, "param_groups": saved["param_groups"],
+                                 SCHEDULE_STATE_KEY: bad})
+        except ValueError as exc:
+            assert match in str(exc), exc
+        else:
+            raise AssertionError(f"{bad} was accepted")
+    print("REFUSED", flush=True)
+print("OK", flush=True)
+'''
+
+
+def test_every_schedule_resumes_from_checkpoint_as_the_uninterrupted_run(tmp_path):
+    ranks = 3
+    configs = ";".join(f"{s}/{c}" for s, c in SCHEDULE_CONFIGS)
+    for phase in ("full", "first", "resume", "resume_plain"):
+        proc = run_mpi(ranks, SCHEDULE_SCRIPT, tmp_path, timeout=400,
+                       args=[phase, str(tmp_path), configs])
+        assert proc.count_per_rank("OK") == [1] * ranks, proc.report()
+        if phase == "resume":
+            assert proc.count_per_rank("REFUSED") == [1] * ranks, proc.report()
+    for schedule, spec in SCHEDULE_CONFIGS:
+        config = f"{schedule}/{spec}"
+        tag = config.replace(":", "_").replace("=", "_").replace(",", "_").replace("/", "_")
+        for r in range(ranks):
+            full = np.load(tmp_path / f"full_{tag}_{r}.npy")
+            resumed = np.load(tmp_path / f"resume_{tag}_{r}.npy")
+            np.testing.assert_array_equal(resumed, full, err_msg=f"{config} rank {r}")
+            plain = np.load(tmp_path / f"resume_plain_{tag}_{r}.npy")
+            if schedule == "mgwfbp":  # profiled afresh: per-parameter messages for 3 steps
+                assert not np.array_equal(plain, full), f"{config}: the plan made no difference"
+            else:  # nothing else is in the schedule's state
+                np.testing.assert_array_equal(plain, full, err_msg=f"{config} rank {r}")

@@ -10,6 +10,13 @@ same all-reduce as the gradients, and the wrapper's ``check_finite`` fails on ev
 any rank's flag was set, so all ranks skip the same steps and keep the same scale. With
 ``backward_passes_per_step=N`` gradients are summed locally in optimizer variables and
 all-reduced and applied every N-th call only.
+
+A compressor with state (error-feedback residuals, low-rank factors, step counters) keeps it
+in Keras checkpoints: ``save_own_variables`` adds it to the optimizer's entry of the weights
+store (``model.save``, ``model.save_weights``, ``.keras`` and ``.weights.h5``) as flat arrays
+(``dlcomm.compression.state_io``), and ``load_own_variables`` restores it, so a run resumed
+from ``model.load_weights`` compresses as the uninterrupted one. Each rank saves its own file
+(residuals differ per rank).
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from dlcomm.compression.state_io import pack_state, state_keys, unpack_state
 from dlcomm.ops import Average, ReduceOp
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.tensorflow.gradient_allreduce import GradientAllreducer
@@ -109,6 +117,42 @@ class _DistributedOptimizer:
         finite = super(self.__class__, self).check_finite(grads)
         agreed = getattr(self._dlcomm, "any_rank_overflowed", None)
         return finite if agreed is None else tf.logical_and(finite, tf.logical_not(agreed))
+
+
+    def save_own_variables(self, store: Any) -> None:
+        """The optimizer's variables and, under ``dlcomm_compression``, the compressor's
+        state as flat arrays."""
+        super(self.__class__, self).save_own_variables(store)
+        compressor = self._dlcomm.allreducer.engine_compressor
+        if compressor is not None:
+            for key, array in pack_state(compressor.state_dict(),
+                                         COMPRESSION_STATE_KEY).items():
+                store[key] = array
+
+    def load_own_variables(self, store: Any) -> None:
+        """Load what ``save_own_variables`` stored. A store without compression state (a
+        plain optimizer's) starts the compressor afresh, with a warning."""
+        keys = list(store.keys())
+        ours = state_keys(keys, COMPRESSION_STATE_KEY)
+        own = {k: store[k] for k in keys if k not in ours}
+        super(self.__class__, self).load_own_variables(own)
+        compressor = self._dlcomm.allreducer.engine_compressor
+        if compressor is None:
+            if ours:
+                warnings.warn("the checkpoint holds compression state, but this optimizer "
+                              "does not compress: it is ignored", stacklevel=2)
+            return
+        if COMPRESSION_STATE_KEY not in ours:
+            warnings.warn("the checkpoint holds no compression state (saved by a plain "
+                          "optimizer or without compression): error-feedback residuals and "
+                          "low-rank factors start from zero", stacklevel=2)
+            compressor.reset_state()
+            return
+        compressor.load_state_dict(unpack_state({k: store[k] for k in ours},
+                                                COMPRESSION_STATE_KEY))
+
+
+COMPRESSION_STATE_KEY = "dlcomm_compression"
 
 
 class _OverflowFlagLabel:

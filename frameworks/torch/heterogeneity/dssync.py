@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import sys
+import warnings
 import weakref
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 
 from dlcomm.heterogeneity.dssync import GroupCycle, average_in_group
 from dlcomm.heterogeneity.global_sync import GlobalSyncPoints
+from dlcomm.torch.compression_state import SYNC_STATE_KEY
 from dlcomm.torch.schedules.base import build
 from dlcomm.torch.tensor_bridge import to_numpy, write_back
 
@@ -103,9 +105,52 @@ class DSSyncOptimizer:
         self._synced_at = self.sync_step
 
     def state_dict(self) -> dict:
-        """The wrapped optimizer's state, after the parameters are averaged over all ranks."""
+        """The wrapped optimizer's state, after the parameters are averaged over all ranks,
+        and under ``dlcomm_sync`` DS-Sync's step (which picks every later step's groups).
+
+        Collective (the global average). The wrapped optimizer's state (momentum) differs
+        per rank under DS-Sync: each rank saves and loads its own."""
         self.synchronize_globally()
-        return self._optimizer_class.state_dict(self)
+        state = self._optimizer_class.state_dict(self)
+        state[SYNC_STATE_KEY] = {"mode": "dssync", "step": self.sync_step,
+                                 "group_size": self._cycle.group_size,
+                                 "seed": self._cycle.seed, "cycle": self._cycle.cycle}
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load what ``state_dict`` returned: the wrapped optimizer's state and DS-Sync's
+        step. The parameters loaded with it count as globally averaged (they were, when the
+        checkpoint was taken)."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict (from optimizer.state_dict()), got "
+                            f"{type(state_dict).__name__}")
+        state = dict(state_dict)
+        sync_state = state.pop(SYNC_STATE_KEY, None)
+        if sync_state is None:
+            warnings.warn("the checkpoint holds no DS-Sync state (saved without "
+                          "sync='dssync'): the group shuffle starts again from step 0",
+                          stacklevel=2)
+            step = 0
+        else:
+            if not isinstance(sync_state, dict) or sync_state.get("mode") != "dssync":
+                found = (sync_state.get("mode") if isinstance(sync_state, dict)
+                         else type(sync_state).__name__)
+                raise ValueError(f"the checkpoint holds the state of sync mode {found!r}; "
+                                 "this optimizer runs sync='dssync'")
+            step = sync_state.get("step")
+            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+                raise ValueError(f"DS-Sync state: step must be an int >= 0, got {step!r}")
+            mine = {"group_size": self._cycle.group_size, "seed": self._cycle.seed,
+                    "cycle": self._cycle.cycle}
+            differ = {k: v for k, v in mine.items() if sync_state.get(k) != v}
+            if differ:
+                warnings.warn(f"the checkpoint's DS-Sync ran with other settings "
+                              f"({ {k: sync_state.get(k) for k in differ} }, here {differ}): "
+                              "the groups after resuming differ from the saved run's",
+                              stacklevel=2)
+        self._optimizer_class.load_state_dict(self, state)
+        self.sync_step = step
+        self._synced_at = step
 
     def group_ranks(self) -> list[int]:
         """The ranks this rank averages with at the coming step."""

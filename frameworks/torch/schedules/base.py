@@ -22,7 +22,13 @@ from dlcomm.mpi_ops import Handle
 from dlcomm.ops import Average, ReduceOp
 from dlcomm.process_sets import ProcessSet
 from dlcomm.torch.compression import CoreCompressor
-from dlcomm.torch.compression_state import COMPRESSION_STATE_KEY, to_numpy, to_torch
+from dlcomm.torch.compression_state import (
+    COMPRESSION_STATE_KEY,
+    SCHEDULE_STATE_KEY,
+    SYNC_STATE_KEY,
+    to_numpy,
+    to_torch,
+)
 from dlcomm.torch.gradient_allreduce import momentum_after_allreduce, start_gradient_allreduce
 
 _instances = itertools.count()  # optimizers are built in the same order on every rank
@@ -197,10 +203,20 @@ class ScheduleBase:
         self._record_step_for_autotune()
         return result
 
+    def _schedule_state(self) -> dict | None:
+        """What the schedule itself needs to continue exactly (plain Python values), or
+        None when it keeps nothing across steps (``wfbp``, ``none``, ``dear`` once flushed)."""
+        return None
+
+    def _load_schedule_state(self, state: dict | None) -> None:
+        """Restore what ``_schedule_state`` returned (None: the checkpoint holds none)."""
+
     def state_dict(self) -> dict:
-        """The wrapped optimizer's state and, under ``dlcomm_compression``, the compressor's
-        (residuals, low-rank factors, step counters, by tensor name): what a run resumed
-        through ``load_state_dict`` needs to continue exactly as the uninterrupted run."""
+        """The wrapped optimizer's state and dlcomm's: under ``dlcomm_compression`` the
+        compressor's (residuals, low-rank factors, step counters, by tensor name), under
+        ``dlcomm_schedule`` the schedule's (MG-WFBP's profile and merge plan): what a run
+        resumed through ``load_state_dict`` needs to continue exactly as the uninterrupted
+        run."""
         if self._pending:
             raise RuntimeError("optimizer.state_dict() was called while gradients are being "
                                "all-reduced (after backward, before step()); call it after "
@@ -208,14 +224,28 @@ class ScheduleBase:
         state = self._optimizer_class.state_dict(self)
         if self._core_compressor is not None:
             state[COMPRESSION_STATE_KEY] = to_torch(self._core_compressor.state_dict())
+        schedule_state = self._schedule_state()
+        if schedule_state is not None:
+            state[SCHEDULE_STATE_KEY] = schedule_state
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load what ``state_dict`` returned. A checkpoint without compression state (a plain
         optimizer's) starts the compressor afresh, with a warning: the run then is not the
-        uninterrupted one."""
+        uninterrupted one; the same for the schedule's state."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict (from optimizer.state_dict()), got "
+                            f"{type(state_dict).__name__}")
+        if self._pending:
+            raise RuntimeError("optimizer.load_state_dict() was called while gradients are "
+                               "being all-reduced (after backward, before step()); call it "
+                               "before backward or after optimizer.step()")
         state = dict(state_dict)
         compression_state = state.pop(COMPRESSION_STATE_KEY, None)
+        schedule_state = state.pop(SCHEDULE_STATE_KEY, None)
+        if state.pop(SYNC_STATE_KEY, None) is not None:  # LB-BSP's mixin took its own
+            warnings.warn("the checkpoint holds the state of a sync mode (dssync, lbbsp), but "
+                          "this optimizer runs sync='bsp': it is ignored", stacklevel=2)
         if self._core_compressor is not None:
             if compression_state is None:
                 warnings.warn("the checkpoint holds no compression state (saved by a plain "
@@ -227,6 +257,7 @@ class ScheduleBase:
         elif compression_state is not None:
             warnings.warn("the checkpoint holds compression state, but this optimizer does "
                           "not compress: it is ignored", stacklevel=2)
+        self._load_schedule_state(schedule_state)
         self._optimizer_class.load_state_dict(self, state)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -15,7 +15,9 @@ optimizers (SGD, Adam, ...) give exactly the result of one full step.
 
 The pre-hook is a global module forward pre-hook, so no model needs to be passed. Reading
 parameters without running a forward (checkpointing, copying weights, the end of training)
-needs ``optimizer.flush()`` first; ``state_dict()``/``load_state_dict()`` flush themselves.
+needs ``optimizer.flush()`` first; ``state_dict()``/``load_state_dict()`` flush themselves,
+and so does ``state_dict()`` of a module holding the optimizer's parameters (once it has run
+a forward), so a checkpoint never holds parameters a step behind.
 A parameter used outside its module's forward (functional code) would be stale: backward
 then raises instead of training on it.
 """
@@ -130,17 +132,40 @@ class DeARSchedule(ScheduleBase):
         self._awaiting: dict[torch.Tensor, _Bucket] = {}  # parameters whose update is due
         self._grad_hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
                             for p in self._params]
+        self._param_ids = {id(p) for p in self._params}
+        self._seen_modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._module_hooks: list[Any] = []
         ref = weakref.ref(self)
 
         def pre_hook(module: torch.nn.Module, args: Any) -> None:
             opt = ref()
             if opt is None:
                 handle.remove()
-            elif opt._awaiting:
+                return
+            if module not in opt._seen_modules:
+                opt._watch_state_dict(module)
+            if opt._awaiting:
                 opt._before_forward(module)
 
         handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
         self._forward_hook = handle
+
+    def _watch_state_dict(self, module: torch.nn.Module) -> None:
+        """A module that holds parameters of this optimizer flushes it in ``state_dict()``:
+        ``torch.save(model.state_dict(), ...)`` then saves updated parameters."""
+        holds = any(p is not None and id(p) in self._param_ids
+                    for p in module._parameters.values())
+        self._seen_modules[module] = holds
+        if not holds:
+            return
+        ref = weakref.ref(self)
+
+        def state_dict_hook(module: torch.nn.Module, prefix: str, keep_vars: bool) -> None:
+            opt = ref()
+            if opt is not None:
+                opt.flush()
+
+        self._module_hooks.append(module.register_state_dict_pre_hook(state_dict_hook))
 
     # --- backward: reduce-scatter each bucket once all its gradients exist ----------------
     def _on_grad(self, p: torch.Tensor) -> None:
@@ -260,5 +285,5 @@ class DeARSchedule(ScheduleBase):
         """Flush and remove the hooks (the optimizer then no longer trains)."""
         self.flush()
         self._forward_hook.remove()
-        for h in self._grad_hooks:
+        for h in self._grad_hooks + self._module_hooks:
             h.remove()

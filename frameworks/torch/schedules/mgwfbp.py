@@ -13,11 +13,17 @@ outweighs the wait. It needs two measurements, both agreed across ranks:
   first iterations (averaged over ranks).
 
 Until the plan exists (the first ``PROFILE_STEPS`` steps) it behaves exactly as ``wfbp``.
+
+The plan depends on timings, so a new process would plan differently: ``state_dict()``
+carries the step count, the profile so far, the cost model and the plan (by parameter
+name), and ``load_state_dict()`` restores them, so a resumed run sends the same messages.
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -132,12 +138,85 @@ class MGWFBPSchedule(WFBPSchedule):
         plan = [[order[k] for k in group] for group in plan]
         plan = broadcast_object(plan, root_rank=0, name=f"{self._prefix}.plan",
                                 process_set=self._process_set)
-        self._groups = [[self._params[i] for i in group] for group in plan]
-        self._group_of = {p: g for g, members in enumerate(self._groups) for p in members}
-        self.merge_plan = [[self._parameter_names[p] for p in members] for members in self._groups]
+        self._use_groups([[self._params[i] for i in group] for group in plan])
         log.info("mgwfbp: alpha %.3g s, beta %.3g s/B; %d parameters in %d messages",
                  self.cost_model.alpha, self.cost_model.beta, len(self._params),
                  len(self._groups))
+
+    def _use_groups(self, groups: list[list[torch.Tensor]]) -> None:
+        """Send these groups of parameters as one message each from now on."""
+        self._groups = groups
+        self._group_of = {p: g for g, members in enumerate(groups) for p in members}
+        self._ready_in_group = {}
+        self.merge_plan = ([[self._parameter_names[p] for p in members] for members in groups]
+                           if groups else None)
+
+    # --- checkpoints -----------------------------------------------------------------------
+    def _schedule_state(self) -> dict:
+        """Steps done, the profile so far, the cost model and the plan, by parameter name."""
+        names = self._parameter_names
+        return {
+            "schedule": self.schedule_name,
+            "steps": self._steps,
+            "profile": [{names[p]: float(t) for p, t in prof.items()} for prof in self._profile],
+            "cost_model": (None if self.cost_model is None
+                           else [float(self.cost_model.alpha), float(self.cost_model.beta)]),
+            "merge_plan": None if self.merge_plan is None else [list(g) for g in self.merge_plan],
+        }
+
+    def _load_schedule_state(self, state: dict | None) -> None:
+        if state is None:
+            if self._steps or self.merge_plan is not None:
+                warnings.warn("the checkpoint holds no MG-WFBP state (saved by another "
+                              "schedule or a plain optimizer): this optimizer keeps its own "
+                              "profile and plan", stacklevel=3)
+            else:
+                warnings.warn("the checkpoint holds no MG-WFBP state (saved by another "
+                              "schedule or a plain optimizer): the merge plan is profiled "
+                              "afresh, so the resumed run may send other messages",
+                              stacklevel=3)
+            return
+        if not isinstance(state, dict) or state.get("schedule") != self.schedule_name:
+            found = state.get("schedule") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"the checkpoint's schedule state is {found!r}'s; this optimizer "
+                             f"runs schedule={self.schedule_name!r}")
+        by_name = {n: p for p, n in self._parameter_names.items()}
+        trainable = set(self._params)
+
+        def param(name: object) -> torch.Tensor:
+            p = by_name.get(name) if isinstance(name, str) else None
+            if p is None or p not in trainable:
+                raise ValueError(f"the checkpoint's MG-WFBP state names parameter {name!r}, "
+                                 "which this optimizer does not train; build the optimizer "
+                                 "with the same named_parameters as the run that saved it")
+            return p
+
+        steps = state.get("steps")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"MG-WFBP state: steps must be an int >= 0, got {steps!r}")
+        profile = [{param(n): float(t) for n, t in prof.items()}
+                   for prof in state.get("profile") or []]
+        cost = state.get("cost_model")
+        if cost is not None and (len(cost) != 2 or not all(
+                math.isfinite(float(v)) and float(v) >= 0 for v in cost)):
+            raise ValueError(f"MG-WFBP state: cost_model must be [alpha, beta] >= 0, got {cost!r}")
+        plan = state.get("merge_plan")
+        groups: list[list[torch.Tensor]] = []
+        if plan is not None:
+            groups = [[param(n) for n in names] for names in plan]
+            flat = [p for g in groups for p in g]
+            if len(flat) != len(set(flat)) or set(flat) != trainable or not all(groups):
+                raise ValueError("the checkpoint's MG-WFBP merge plan does not cover this "
+                                 "optimizer's parameters exactly once each; build the "
+                                 "optimizer on the same model as the run that saved it")
+        elif steps >= PROFILE_STEPS:
+            raise ValueError(f"MG-WFBP state: {steps} steps done but no merge plan")
+        self._steps = steps
+        self._profile = profile
+        self.cost_model = None if cost is None else AlphaBeta(float(cost[0]), float(cost[1]))
+        self._use_groups(groups)
+        self._ready_at.clear()
+        self._step_origin = None
 
     # --- optimizer API -------------------------------------------------------------------
     def synchronize(self) -> None:
