@@ -36,7 +36,13 @@ from dlcomm.errors import (
 from dlcomm.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.tensorflow.compression import Compression, Compressor
-from dlcomm.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from dlcomm.tensorflow.functions import (
+    _executing_eagerly,  # noqa: F401 - Horovod exposes it and its tests call it
+    allgather_object,
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_variables,
+)
 from dlcomm.tensorflow.gradient_tape import DistributedGradientTape
 from dlcomm.tensorflow.mpi_ops import (
     allgather,
@@ -72,7 +78,8 @@ __all__ = [
     "DistributedOptimizer", "HorovodInternalError", "Max", "Min", "MismatchError",
     "ProcessSet", "Product", "ReduceOp", "ShutdownError", "StallError", "Sum",
     "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier",
-    "broadcast", "broadcast_", "broadcast_object", "broadcast_variables", "ccl_built",
+    "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
+    "broadcast_variables", "ccl_built",
     "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built",
     "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
     "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",

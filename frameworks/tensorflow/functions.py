@@ -44,6 +44,27 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0,
         v.assign(value)
 
 
+def broadcast_global_variables(root_rank: int = 0,
+                               process_set: ProcessSet = global_process_set) -> Any:
+    """TensorFlow 1 graphs: an op that sets every global variable to ``root_rank``'s value
+    (run it in the session after initialising the variables). Eagerly there are no global
+    variables, so this raises RuntimeError, as Horovod does."""
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "broadcast_global_variables() works in a TensorFlow 1 graph only; eagerly, call "
+            "broadcast_variables(model.variables, root_rank) (and the optimizer's variables)")
+    variables = tf.compat.v1.global_variables()
+    return tf.group(*[
+        v.assign(mpi_ops.broadcast(tf.convert_to_tensor(v), root_rank,
+                                   name=_variable_name(v, i), process_set=process_set))
+        for i, v in enumerate(variables)])
+
+
+def _executing_eagerly() -> bool:
+    """Whether ops run eagerly here (Horovod's module exposes it; its tests call it)."""
+    return tf.executing_eagerly()
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Return root's (picklable) object on every rank (eager only; ``session`` is TF1's)."""

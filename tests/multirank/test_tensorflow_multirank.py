@@ -193,6 +193,20 @@ def gradients_in_a_v1_graph():
             with tf.compat.v1.Session(graph=graph) as sess:
                 out = sess.run(grad)
             close(out, np.full((5, 5), 1.0 if r == root else 0.0), f"v1 broadcast grad {root}")
+        # Horovod's TF1 recipe: broadcast_global_variables() after initialising them
+        v = tf.compat.v1.Variable(tf.fill((3,), float(r + 1)), name="v1graph_var")
+        bcast = hvd.broadcast_global_variables(root_rank=n - 1)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(bcast)
+            close(sess.run(v), np.full(3, float(n)), "broadcast_global_variables")
+    assert hvd._executing_eagerly()
+    try:
+        hvd.broadcast_global_variables(0)
+    except RuntimeError as e:
+        assert "broadcast_variables" in str(e), e
+    else:
+        raise AssertionError("broadcast_global_variables ran eagerly")
 
 @section
 def objects_barrier_join_ranks():
