@@ -45,6 +45,12 @@ ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"
 SPARSE_MERGE = "sparse_merge"
 ROUND_KINDS = (ALLREDUCE, ALLGATHER, SPARSE_MERGE)
+# Which ranks a round's collective spans (``Compressor.groups``): all of them, the ranks of
+# this rank's host, or this rank's peers (the ranks with its local rank on the other hosts).
+WORLD = "world"
+HOST = "host"
+PEER = "peer"
+GROUPS = (WORLD, HOST, PEER)
 OPS = ("sum", "average")
 
 DEFAULT_MIN_COMPRESS_SIZE = 1024
@@ -64,6 +70,8 @@ class Context:
     dtype: np.dtype
     round: int = 0
     data: dict[str, Any] = field(default_factory=dict)
+    # The driver's ``HostTopology`` for compressors with HOST or PEER rounds (else None).
+    topology: Any = None
 
     @property
     def size(self) -> int:
@@ -108,6 +116,8 @@ class Compressor:
 
     name: str = "base"
     rounds: tuple[str, ...] = (ALLREDUCE,)
+    # Per round, the ranks its collective spans (see GROUPS); None: every round over all.
+    round_groups: tuple[str, ...] | None = None
 
     def __init__(
         self, *, min_compress_size: int = DEFAULT_MIN_COMPRESS_SIZE, compress_1d: bool = False
@@ -120,9 +130,17 @@ class Compressor:
 
     # -- properties a driver reads -------------------------------------------------------
     @property
+    def groups(self) -> tuple[str, ...]:
+        """Per round, the ranks its collective spans: WORLD (all ranks, the default), HOST
+        (this rank's host) or PEER (the ranks with this local rank on every host)."""
+        return self.round_groups or (WORLD,) * len(self.rounds)
+
+    @property
     def summable(self) -> bool:
-        """True when every round is an all-reduce (payloads can ride dense fusion buffers)."""
-        return all(kind == ALLREDUCE for kind in self.rounds)
+        """True when every round is an all-reduce over all ranks (payloads can ride dense
+        fusion buffers)."""
+        return all(kind == ALLREDUCE for kind in self.rounds) and \
+            all(group == WORLD for group in self.groups)
 
     def applies_to(self, tensor: object) -> bool:
         """Whether ``tensor`` is compressed; small and (by default) 1-D tensors go dense."""
@@ -252,6 +270,10 @@ class CompressorWrapper(Compressor):
     @property
     def rounds(self) -> tuple[str, ...]:  # type: ignore[override]
         return self.inner.rounds
+
+    @property
+    def groups(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.inner.groups
 
     @property
     def min_compress_size(self) -> int:  # type: ignore[override]
