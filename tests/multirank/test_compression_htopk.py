@@ -135,3 +135,34 @@ def test_htopk_on_pretend_hosts(np_, per_host, tmp_path):
     proc = run_mpi(np_, SCRIPT, tmp_path, timeout=180,
                    env={"DLCOMM_HIERARCHICAL_RANKS_PER_HOST": per_host})
     assert proc.count_per_rank("OK") == [1] * np_, proc.report()
+
+
+ENGINE_SCRIPT = r'''
+import numpy as np
+import dlcomm as hvd
+from mpi4py import MPI
+from dlcomm.compression import MPICommAdapter, compressed_allreduce, get_compressor
+
+hvd.init()
+r = hvd.rank()
+rng = np.random.default_rng(r)
+xs = [rng.standard_normal(s).astype(np.float32) for s in [(64, 32), (10,), (37, 5)]]
+ref_comm = MPICommAdapter(MPI.COMM_WORLD.Dup())
+engine_c, ref_c = get_compressor("htopk:ratio=0.1"), get_compressor("htopk:ratio=0.1")
+for step in range(3):
+    hs = [hvd.allreduce_async(x, name=f"h.{k}", compression=engine_c) for k, x in enumerate(xs)]
+    got = [hvd.synchronize(h) for h in hs]
+    want = [compressed_allreduce(ref_c, x, f"h.{k}", ref_comm) for k, x in enumerate(xs)]
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b), step
+    everyone = hvd.allgather(np.concatenate([g.ravel() for g in got])[None], name="chk")
+    assert all(np.array_equal(everyone[0], e) for e in everyone)
+print(f"OK {r}", flush=True)
+hvd.shutdown()
+'''
+
+
+def test_htopk_through_the_engine_equals_the_direct_driver(tmp_path):
+    proc = run_mpi(4, ENGINE_SCRIPT, tmp_path, timeout=180,
+                   env={"DLCOMM_HIERARCHICAL_RANKS_PER_HOST": 2})
+    assert proc.count_per_rank("OK") == [1] * 4, proc.report()
