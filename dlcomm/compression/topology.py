@@ -6,13 +6,15 @@ A host is the ranks that share memory (``comm.split_by_host``) or, with
 hierarchical all-reduce), groups of ``n`` consecutive ranks, so one machine can play several
 hosts. A rank's peers are the ranks with its local rank on every host (one per host that has
 that many ranks). Both communicators are built once per parent communicator and cached on it
-(``comm.cached``), so they are freed with it.
+(``comm.cached``), so they are freed with it; a parent that counts its bytes
+(``CountingCommunicator``, the engine's) hands them to counting wrappers of the same counter.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from dlcomm.comm.counting import CountingCommunicator
 from dlcomm.config import knob_value
 
 RANKS_PER_HOST_KNOB = "hierarchical_ranks_per_host"
@@ -74,10 +76,13 @@ def host_groups(comm: Any, ranks_per_host: int | None = None) -> HostGroups:
     if not hasattr(comm, "split") or not hasattr(comm, "split_by_host"):
         raise ValueError(f"{type(comm).__name__} cannot split into hosts: HOST and PEER "
                          "rounds need a transport communicator (MPICommAdapter)")
-    if hasattr(comm, "cached"):
-        return comm.cached(("compression_host_groups", per_host),
-                           lambda: _build(comm, per_host))
-    return _build(comm, per_host)
+    if not hasattr(comm, "cached"):
+        return _build(comm, per_host)
+    groups = comm.cached(("compression_host_groups", per_host), lambda: _build(comm, per_host))
+    if isinstance(comm, CountingCommunicator):  # dlcomm.bytes_sent() counts host and peer rounds
+        return HostGroups(groups.topology, CountingCommunicator(groups.host, comm.counter),
+                          CountingCommunicator(groups.peer, comm.counter))
+    return groups
 
 
 def _build(comm: Any, per_host: int) -> HostGroups:
