@@ -22,6 +22,10 @@ does)::
     else:  # ALLGATHER
         out = c.decompress_all(result, ctx, op)         # all ranks' payloads, combined
 
+A round spans every rank unless ``Compressor.groups`` says HOST (the ranks of this rank's
+host) or PEER (the ranks with this local rank on every host); the driver then runs it on those
+sub-communicators and gives the compressor the ``HostTopology`` in ``ctx.topology`` (htopk).
+
 All rounds of all tensors with the same round index can be fused into one buffer: a round's
 payloads depend only on that tensor's previous round. Results are sums; averaging divides at
 the end (low-rank compressors orthogonalise, which is scale-free, so sums are enough).

@@ -130,6 +130,7 @@ print(f"OK {rank}", flush=True)
     (5, 2),  # 2 + 2 + 1
     (5, 3),  # 3 + 2: two shards; the third rank of the first host owns none
     (4, 1),  # four hosts of one rank: flat top-k's traffic pattern
+    (3, 0),  # the real shared-memory split: one host of three ranks, three shards
 ])
 def test_htopk_on_pretend_hosts(np_, per_host, tmp_path):
     proc = run_mpi(np_, SCRIPT, tmp_path, timeout=180,
