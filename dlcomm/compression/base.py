@@ -8,6 +8,8 @@ produced:
 * ``ALLGATHER``: payloads are not summable; the driver gathers every rank's payloads.
 * ``SPARSE_MERGE``: payloads are sparse (values, indices); the driver merges them pairwise
   over a tree with ``Compressor.merge`` (gTop-k) and every rank ends with the same result.
+* ``REDUCE_SCATTER``: payloads are summable and 1-D; rank ``i`` of the round's group gets
+  the sum of part ``i`` (``Compressor.scatter_counts`` sizes the parts; never the last round).
 
 Protocol (what a driver, the unfused ``exchange.compressed_allreduce`` or a fusion engine,
 does)::
@@ -48,7 +50,8 @@ from dlcomm.array_api import FLOAT_DTYPES, array_namespace
 ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"
 SPARSE_MERGE = "sparse_merge"
-ROUND_KINDS = (ALLREDUCE, ALLGATHER, SPARSE_MERGE)
+REDUCE_SCATTER = "reduce_scatter"
+ROUND_KINDS = (ALLREDUCE, ALLGATHER, SPARSE_MERGE, REDUCE_SCATTER)
 # Which ranks a round's collective spans (``Compressor.groups``): all of them, the ranks of
 # this rank's host, or this rank's peers (the ranks with its local rank on the other hosts).
 WORLD = "world"
@@ -205,6 +208,12 @@ class Compressor:
         """Combine two ranks' SPARSE_MERGE payloads (lower rank first, so all ranks agree)."""
         raise NotImplementedError(f"{self.name} has no SPARSE_MERGE round")
 
+    def scatter_counts(self, n: int, size: int, ctx: Context) -> list[int]:
+        """For a REDUCE_SCATTER round over ``size`` ranks: how many of a payload's ``n``
+        elements (contiguous, in rank order) each rank receives summed. Default: near-equal
+        parts. The same on every rank of the group."""
+        return [n * (i + 1) // size - n * i // size for i in range(size)]
+
     def set_momentum(self, momentum: float) -> None:
         """The momentum the optimizer applies after the all-reduce (SGD's ``momentum``).
         Only error feedback uses it (momentum correction, see ``error_feedback``); a
@@ -312,6 +321,9 @@ class CompressorWrapper(Compressor):
 
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         return self.inner.merge(lower, higher, ctx)
+
+    def scatter_counts(self, n: int, size: int, ctx: Context) -> list[int]:
+        return self.inner.scatter_counts(n, size, ctx)
 
     def set_momentum(self, momentum: float) -> None:
         self.inner.set_momentum(momentum)

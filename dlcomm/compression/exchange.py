@@ -13,11 +13,14 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from dlcomm.array_api import array_namespace
+import numpy as np
+
+from dlcomm.array_api import array_namespace, from_host, to_host
 from dlcomm.compression.base import (
     ALLGATHER,
     ALLREDUCE,
     GROUPS,
+    REDUCE_SCATTER,
     SPARSE_MERGE,
     WORLD,
     Compressor,
@@ -25,6 +28,7 @@ from dlcomm.compression.base import (
     check_tensor,
 )
 from dlcomm.compression.topology import HostGroups, host_groups
+from dlcomm.ops import ReduceOp
 
 
 @runtime_checkable
@@ -157,6 +161,10 @@ def run_rounds(
             last = r == len(t.compressor.rounds) - 1
             if kind == ALLREDUCE and group != WORLD:
                 t.result = [sub.allreduce_sum(p) for p in t.payloads]
+            elif kind == REDUCE_SCATTER and not last:
+                t.result = [reduce_scatter_sum(
+                    sub, p, t.compressor.scatter_counts(p.size, sub.size, t.ctx))
+                    for p in t.payloads]
             elif kind == ALLGATHER:
                 gathered = [sub.allgather(p.reshape(-1)) for p in t.payloads]
                 t.result = [list(per_rank) for per_rank in zip(*gathered)]
@@ -178,6 +186,23 @@ def run_rounds(
                 op = "average" if average else "sum"
                 out.append((t.compressor.decompress_all(t.result, t.ctx, op), False))
     return out
+
+
+def reduce_scatter_sum(comm: ExchangeComm, arr: object, counts: list[int]) -> object:
+    """This rank's part of the sum of 1-D ``arr`` over ``comm``: rank ``i`` gets the
+    ``counts[i]`` elements after the first ``sum(counts[:i])``. A transport communicator
+    reduce-scatters (MPI); other ``ExchangeComm``s all-reduce and keep their part."""
+    if len(counts) != comm.size or sum(counts) != arr.size or min(counts) < 0:
+        raise ValueError(f"scatter counts {counts} do not split {arr.size} elements over "
+                         f"{comm.size} ranks")
+    lo = sum(counts[:comm.rank])
+    reduce_scatter = getattr(comm, "reduce_scatter", None)
+    if reduce_scatter is None or comm.size == 1:
+        return comm.allreduce_sum(arr.reshape(-1))[lo:lo + counts[comm.rank]]
+    host = np.ascontiguousarray(to_host(arr)).reshape(-1)
+    out = np.empty(counts[comm.rank], dtype=host.dtype)
+    reduce_scatter(host, out, list(counts), ReduceOp.SUM)
+    return from_host(out, arr)
 
 
 def _host_groups_for(tensors: list[_Tensor], comm: ExchangeComm) -> HostGroups | None:

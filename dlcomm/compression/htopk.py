@@ -2,21 +2,25 @@
 
 After "Towards scalable distributed training of deep learning on public cloud clusters"
 (Shi et al.): links inside a host are fast, so a host sums its ranks' gradients densely;
-only the selected values of that sum cross the slow links between hosts. Three rounds:
+only the selected values of that sum cross the slow links between hosts. The flat tensor is
+cut into ``shards`` contiguous shards (the smallest host's rank count); local rank ``j`` of
+every host owns shard ``j``, and the owners of shard ``j`` on all hosts are its PEER group.
+Four rounds:
 
-1. HOST all-reduce: every rank of a host gets the host sum ``S`` of its ranks' (error
-   feedback corrected) tensors. (The paper reduce-scatters here; the all-reduce is the
-   simpler version, with the same bytes between hosts.)
-2. PEER all-gather: the tensor is cut into ``shards`` contiguous shards (the smallest host's
-   rank count); every rank selects the top ``ratio * len`` magnitudes of each shard of ``S``
-   (the same selection on every rank of the host, as ``S`` is), and local rank ``j`` sends
-   shard ``j``'s (values, indices) to the owners of shard ``j`` on the other hosts: its PEER
-   group. Each owner adds every host's values into a zero shard, in host order.
-3. HOST all-gather: the owners' dense shard sums go to every rank of the host, which
+1. HOST reduce-scatter: the owner of shard ``j`` gets shard ``j`` of the host sum ``S`` of its
+   ranks' (error feedback corrected) tensors; a host's other ranks get nothing.
+2. HOST all-gather: each owner selects the top ``ratio * len`` magnitudes of its shard and
+   sends their indices, so every rank of the host knows the host's selection ``I``.
+3. PEER all-gather: each owner sends its (values, indices) to the owners of the same shard on
+   the other hosts and adds every host's values into a zero shard, in host order.
+4. HOST all-gather: the owners' dense shard sums go to every rank of the host, which
    concatenates them. Every owner of a shard adds the same arrays in the same order, so
    every rank of the world gets the same bits.
 
 With one host (or one rank) it is a dense sum followed by top-k of each shard of the sum.
+Round 2 exists for error feedback: every rank must know ``I`` before the last round's
+payloads, when ``ErrorFeedback`` sets the residual (its k indices are small beside the
+shard sums of round 4).
 
 Error feedback stays per rank and unchanged (``ErrorFeedback`` wraps this compressor): a rank
 sent, inside its host's sum, its own ``acc`` at the host's selected indices ``I``
@@ -30,12 +34,14 @@ masking zeroes the velocity at ``I``) and checkpoints as they are for every comp
 """
 from __future__ import annotations
 
+import numpy as np
+
 from dlcomm.array_api import array_namespace
 from dlcomm.compression.base import (
     ALLGATHER,
-    ALLREDUCE,
     HOST,
     PEER,
+    REDUCE_SCATTER,
     Compressor,
     Context,
     check_op,
@@ -66,11 +72,11 @@ def shard_topk(host_sum: object, ratio: float, shards: int) -> list:
 
 
 class HierarchicalTopK(Compressor):
-    """Top-k of each host's dense sum, exchanged sparsely between hosts shard by shard."""
+    """Top-k of each shard of a host's dense sum, exchanged sparsely between hosts."""
 
     name = "htopk"
-    rounds = (ALLREDUCE, ALLGATHER, ALLGATHER)
-    round_groups = (HOST, PEER, HOST)
+    rounds = (REDUCE_SCATTER, ALLGATHER, ALLGATHER, ALLGATHER)
+    round_groups = (HOST, HOST, PEER, HOST)
 
     def __init__(self, ratio: float = 0.01, **kwargs: object) -> None:
         super().__init__(**kwargs)
@@ -89,24 +95,35 @@ class HierarchicalTopK(Compressor):
                              "exchange driver (run_rounds) puts in the context")
         return ctx.topology
 
+    def scatter_counts(self, n: int, size: int, ctx: Context) -> list[int]:
+        """Local rank ``j < shards`` receives shard ``j`` of the host sum; the others none."""
+        topology = self._topology(ctx)
+        sizes = np.diff(shard_bounds(n, topology.shards)).tolist()
+        return sizes + [0] * (size - topology.shards)
+
     def _resume(self, reduced: list, ctx: Context) -> tuple[list, Context]:
         topology = self._topology(ctx)
         xp = array_namespace(ctx.data["flat"])
         n = ctx.size
+        itype = index_dtype(n)
         bounds = shard_bounds(n, topology.shards)
         j = topology.local_rank
-        if ctx.round == 1:  # reduced: the host sum; send my shard's selection to my peers
-            host_sum = reduced[0].reshape(-1)
-            selected = shard_topk(host_sum, self.ratio, topology.shards)
-            ctx.data["indices"] = xp.concatenate(selected).astype(index_dtype(n))
+        lo = bounds[j] if topology.owns_shard else 0
+        if ctx.round == 1:  # reduced: my shard of the host sum; tell the host what I select
             if not topology.owns_shard:
-                return [xp.empty(0, dtype=ctx.dtype), xp.empty(0, dtype=index_dtype(n))], ctx
-            mine = selected[j].astype(index_dtype(n))
-            return [host_sum[mine], mine], ctx
-        # reduced: every peer's [values, indices] of my shard, in host order; send the sum.
+                return [xp.empty(0, dtype=itype)], ctx
+            shard = reduced[0].reshape(-1)
+            picked = shard_topk(shard, self.ratio, 1)[0]
+            ctx.data["sent"] = [shard[picked], (picked + lo).astype(itype)]
+            return [ctx.data["sent"][1]], ctx
+        if ctx.round == 2:  # reduced: every local rank's indices; send my selection to peers
+            ctx.data["indices"] = xp.concatenate([r[0] for r in reduced]).astype(itype)
+            if not topology.owns_shard:
+                return [xp.empty(0, dtype=ctx.dtype), xp.empty(0, dtype=itype)], ctx
+            return ctx.data.pop("sent"), ctx
+        # reduced: every host's [values, indices] of my shard, in host order; send the sum.
         if not topology.owns_shard:
             return [xp.empty(0, dtype=ctx.dtype)], ctx
-        lo = bounds[j]
         shard = xp.zeros(bounds[j + 1] - lo, dtype=ctx.dtype)
         for values, indices in reduced:
             shard[indices - lo] += values

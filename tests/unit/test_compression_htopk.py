@@ -22,7 +22,7 @@ def test_registry_builds_htopk_with_error_feedback() -> None:
     c = get_compressor("htopk:ratio=0.05")
     assert isinstance(c, ErrorFeedback) and isinstance(c.inner, HierarchicalTopK)
     assert c.inner.ratio == 0.05 and c.describe() == "htopk:ratio=0.05"
-    assert c.groups == (HOST, PEER, HOST) and not c.summable
+    assert c.groups == (HOST, HOST, PEER, HOST) and not c.summable
     assert not isinstance(get_compressor("htopk:ef=0"), ErrorFeedback)
 
 
@@ -96,3 +96,12 @@ def test_momentum_correction_and_checkpoints_work_as_for_every_compressor() -> N
     again.load_state_dict(state)
     assert np.array_equal(compressed_allreduce(c, x, "w", SelfComm()),
                           compressed_allreduce(again, x, "w", SelfComm()))
+
+
+def test_reduce_scatter_without_a_transport_all_reduces_and_keeps_its_part() -> None:
+    from dlcomm.compression.exchange import reduce_scatter_sum
+
+    x = np.arange(5, dtype=np.float32)
+    assert np.array_equal(reduce_scatter_sum(SelfComm(), x, [5]), x)
+    with pytest.raises(ValueError, match="do not split"):
+        reduce_scatter_sum(SelfComm(), x, [4])
