@@ -122,8 +122,8 @@ def run_rounds(
     ``items`` are ``(compressor, tensor, name)``; tensors a compressor does not apply to go
     dense in the first round. All-reduce rounds of every tensor are summed together by
     ``sum_payloads(arrays) -> sums`` (default: one ``comm.allreduce_sum`` per array; the
-    engine passes one that fuses them); all-gather and sparse-merge rounds, and rounds over a
-    HOST or PEER group (``Compressor.groups``: on sub-communicators from
+    engine passes one that fuses them); all-gather, sparse-merge and reduce-scatter rounds,
+    and rounds over a HOST or PEER group (``Compressor.groups``: on sub-communicators from
     ``topology.host_groups``, whose ``HostTopology`` the driver puts in ``ctx.topology``)
     run per tensor, in order. ``phase(index, name)`` (optional) wraps each tensor's compress
     and decompress, for the timeline. Returns ``(value, summed)`` per tensor: the sum over
