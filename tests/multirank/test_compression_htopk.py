@@ -89,7 +89,7 @@ for shape in [(6, 7), (2,)]:
         assert np.array_equal(out, np.sum(g, axis=0) / np.float32(P)), f"ratio 1 mean {shape}"
 
 # average=False is the sum; float64 works.
-c, ref_c = build("htopk:ratio=0.2"), None
+c = build("htopk:ratio=0.2")
 g = grads(0, (9, 5), np.float64)
 out = compressed_allreduce(c, g[rank], "s", comm, average=False)
 same_everywhere("sum", out)
