@@ -136,7 +136,8 @@ KNOBS: tuple[Knob, ...] = (
          "Algorithm among host leaders inside the hierarchical all-reduce.",
          where="HierarchicalAllreduce"),
     Knob("hierarchical_ranks_per_host", 0, lambda t: int(t),
-         "Force groups of this many consecutive ranks as 'hosts' (0: shared-memory split).",
+         "Force groups of this many consecutive ranks as 'hosts' (0: shared-memory split); "
+         "also the hosts of htopk compression.",
          where="HierarchicalAllreduce"),
     Knob("hierarchical_fp32_accumulation", True, parse_bool,
          "Sum float16 buffers in float32 inside the hierarchical all-reduce: float32 partial "

@@ -111,6 +111,44 @@ def gtopk_steps(grads_per_step: list, ratio: float) -> list:
     return results
 
 
+def htopk_steps(grads_per_step: list, ratio: float, hosts: list) -> list:
+    """Hierarchical top-k with per-rank error feedback, written from the description (not
+    from dlcomm's code): ``hosts`` lists each host's ranks. Per step, each host sums its
+    ranks' ``g + e``; the flat tensor is cut into ``min(len(host))`` near-equal contiguous
+    shards and each host keeps the ``max(1, int(ratio * len))`` largest magnitudes of each
+    shard of its sum; the result is the sum of what every host kept, over the rank count.
+    A rank's new residual is its ``g + e`` with the host's kept positions zeroed.
+    Returns ``(averaged result, residuals per rank, kept positions per host)`` per step.
+    """
+    size = sum(len(h) for h in hosts)
+    shards = min(len(h) for h in hosts)
+    shape = grads_per_step[0][0].shape
+    residuals = [np.zeros(int(np.prod(shape)), dtype=np.float64) for _ in range(size)]
+    steps = []
+    for grads in grads_per_step:
+        accs = [np.asarray(g, np.float64).reshape(-1) + e for g, e in zip(grads, residuals)]
+        n = accs[0].size
+        total = np.zeros(n)
+        kept_per_host = []
+        for host in hosts:
+            host_sum = np.sum([accs[r] for r in host], axis=0)
+            kept = []
+            for j in range(shards):
+                lo, hi = n * j // shards, n * (j + 1) // shards
+                if hi > lo:
+                    k = max(1, min(hi - lo, int(ratio * (hi - lo))))
+                    kept.extend(lo + np.argsort(-np.abs(host_sum[lo:hi]), kind="stable")[:k])
+            kept = np.array(sorted(kept), dtype=np.int64)
+            total[kept] += host_sum[kept]
+            for r in host:
+                accs[r][kept] = 0
+            kept_per_host.append(kept)
+        residuals = accs
+        steps.append(((total / size).reshape(shape), [e.copy() for e in residuals],
+                      kept_per_host))
+    return steps
+
+
 def lowrank_factor(seed: int, name: str, which: int, shape: tuple) -> np.ndarray:
     """The seeded starting factor, derived as documented: rng([seed, crc32(name), which])."""
     import zlib

@@ -12,7 +12,10 @@ from dlcomm.array_api import array_namespace
 from dlcomm.compression.base import (
     ALLGATHER,
     ALLREDUCE,
+    HOST,
+    PEER,
     SPARSE_MERGE,
+    WORLD,
     Compressor,
     CompressorWrapper,
     Context,
@@ -27,6 +30,7 @@ from dlcomm.compression.exchange import (
     sparse_tree_merge,
 )
 from dlcomm.compression.gtopk import GTopK
+from dlcomm.compression.htopk import HierarchicalTopK
 from dlcomm.compression.lowrank import ACPSGD, PowerSGD
 from dlcomm.compression.payload_cast import PayloadCast
 from dlcomm.compression.qsgd import QSGD
@@ -42,9 +46,9 @@ from dlcomm.compression.sparsify import RandomK, TopK
 
 __all__ = [
     "ACPSGD", "ALLGATHER", "ALLREDUCE", "BF16Compressor", "Compressor", "CompressorWrapper",
-    "Context", "EFSignSGD", "ErrorFeedback", "ExchangeComm", "FP16Compressor", "GTopK",
-    "MPICommAdapter", "NoneCompressor", "PayloadCast", "PowerSGD", "QSGD", "RandomK",
-    "SPARSE_MERGE", "SelfComm", "Signum", "TopK", "array_namespace", "available_compressors",
-    "compressed_allreduce", "compressor_from_env", "get_compressor", "parse_spec",
-    "register_compressor", "sparse_tree_merge",
+    "Context", "EFSignSGD", "ErrorFeedback", "ExchangeComm", "FP16Compressor", "GTopK", "HOST",
+    "HierarchicalTopK", "MPICommAdapter", "NoneCompressor", "PEER", "PayloadCast", "PowerSGD",
+    "QSGD", "RandomK", "SPARSE_MERGE", "SelfComm", "Signum", "TopK", "WORLD", "array_namespace",
+    "available_compressors", "compressed_allreduce", "compressor_from_env", "get_compressor",
+    "parse_spec", "register_compressor", "sparse_tree_merge",
 ]

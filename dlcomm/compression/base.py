@@ -8,6 +8,8 @@ produced:
 * ``ALLGATHER``: payloads are not summable; the driver gathers every rank's payloads.
 * ``SPARSE_MERGE``: payloads are sparse (values, indices); the driver merges them pairwise
   over a tree with ``Compressor.merge`` (gTop-k) and every rank ends with the same result.
+* ``REDUCE_SCATTER``: payloads are summable and 1-D; rank ``i`` of the round's group gets
+  the sum of part ``i`` (``Compressor.scatter_counts`` sizes the parts; never the last round).
 
 Protocol (what a driver, the unfused ``exchange.compressed_allreduce`` or a fusion engine,
 does)::
@@ -21,6 +23,10 @@ does)::
         out = c.decompress(result, ctx)                 # sum over ranks; / size to average
     else:  # ALLGATHER
         out = c.decompress_all(result, ctx, op)         # all ranks' payloads, combined
+
+A round spans every rank unless ``Compressor.groups`` says HOST (the ranks of this rank's
+host) or PEER (the ranks with this local rank on every host); the driver then runs it on those
+sub-communicators and gives the compressor the ``HostTopology`` in ``ctx.topology`` (htopk).
 
 All rounds of all tensors with the same round index can be fused into one buffer: a round's
 payloads depend only on that tensor's previous round. Results are sums; averaging divides at
@@ -44,7 +50,14 @@ from dlcomm.array_api import FLOAT_DTYPES, array_namespace
 ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"
 SPARSE_MERGE = "sparse_merge"
-ROUND_KINDS = (ALLREDUCE, ALLGATHER, SPARSE_MERGE)
+REDUCE_SCATTER = "reduce_scatter"
+ROUND_KINDS = (ALLREDUCE, ALLGATHER, SPARSE_MERGE, REDUCE_SCATTER)
+# Which ranks a round's collective spans (``Compressor.groups``): all of them, the ranks of
+# this rank's host, or this rank's peers (the ranks with its local rank on the other hosts).
+WORLD = "world"
+HOST = "host"
+PEER = "peer"
+GROUPS = (WORLD, HOST, PEER)
 OPS = ("sum", "average")
 
 DEFAULT_MIN_COMPRESS_SIZE = 1024
@@ -64,6 +77,8 @@ class Context:
     dtype: np.dtype
     round: int = 0
     data: dict[str, Any] = field(default_factory=dict)
+    # The driver's ``HostTopology`` for compressors with HOST or PEER rounds (else None).
+    topology: Any = None
 
     @property
     def size(self) -> int:
@@ -108,6 +123,8 @@ class Compressor:
 
     name: str = "base"
     rounds: tuple[str, ...] = (ALLREDUCE,)
+    # Per round, the ranks its collective spans (see GROUPS); None: every round over all.
+    round_groups: tuple[str, ...] | None = None
 
     def __init__(
         self, *, min_compress_size: int = DEFAULT_MIN_COMPRESS_SIZE, compress_1d: bool = False
@@ -120,9 +137,17 @@ class Compressor:
 
     # -- properties a driver reads -------------------------------------------------------
     @property
+    def groups(self) -> tuple[str, ...]:
+        """Per round, the ranks its collective spans: WORLD (all ranks, the default), HOST
+        (this rank's host) or PEER (the ranks with this local rank on every host)."""
+        return self.round_groups or (WORLD,) * len(self.rounds)
+
+    @property
     def summable(self) -> bool:
-        """True when every round is an all-reduce (payloads can ride dense fusion buffers)."""
-        return all(kind == ALLREDUCE for kind in self.rounds)
+        """True when every round is an all-reduce over all ranks (payloads can ride dense
+        fusion buffers)."""
+        return all(kind == ALLREDUCE for kind in self.rounds) and \
+            all(group == WORLD for group in self.groups)
 
     def applies_to(self, tensor: object) -> bool:
         """Whether ``tensor`` is compressed; small and (by default) 1-D tensors go dense."""
@@ -182,6 +207,12 @@ class Compressor:
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         """Combine two ranks' SPARSE_MERGE payloads (lower rank first, so all ranks agree)."""
         raise NotImplementedError(f"{self.name} has no SPARSE_MERGE round")
+
+    def scatter_counts(self, n: int, size: int, ctx: Context) -> list[int]:
+        """For a REDUCE_SCATTER round over ``size`` ranks: how many of a payload's ``n``
+        elements (contiguous, in rank order) each rank receives summed. Default: near-equal
+        parts. The same on every rank of the group."""
+        return [n * (i + 1) // size - n * i // size for i in range(size)]
 
     def set_momentum(self, momentum: float) -> None:
         """The momentum the optimizer applies after the all-reduce (SGD's ``momentum``).
@@ -254,6 +285,10 @@ class CompressorWrapper(Compressor):
         return self.inner.rounds
 
     @property
+    def groups(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.inner.groups
+
+    @property
     def min_compress_size(self) -> int:  # type: ignore[override]
         return self.inner.min_compress_size
 
@@ -286,6 +321,9 @@ class CompressorWrapper(Compressor):
 
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         return self.inner.merge(lower, higher, ctx)
+
+    def scatter_counts(self, n: int, size: int, ctx: Context) -> list[int]:
+        return self.inner.scatter_counts(n, size, ctx)
 
     def set_momentum(self, momentum: float) -> None:
         self.inner.set_momentum(momentum)

@@ -13,15 +13,22 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from dlcomm.array_api import array_namespace
+import numpy as np
+
+from dlcomm.array_api import array_namespace, from_host, to_host
 from dlcomm.compression.base import (
     ALLGATHER,
     ALLREDUCE,
+    GROUPS,
+    REDUCE_SCATTER,
     SPARSE_MERGE,
+    WORLD,
     Compressor,
     Context,
     check_tensor,
 )
+from dlcomm.compression.topology import HostGroups, host_groups
+from dlcomm.ops import ReduceOp
 
 
 @runtime_checkable
@@ -99,6 +106,10 @@ class _Tensor:
         rounds = self.compressor.rounds
         return rounds[r] if r < len(rounds) else None
 
+    def round_group(self, r: int) -> str:
+        """The ranks round ``r``'s collective spans (WORLD for dense tensors)."""
+        return WORLD if self.dense else self.compressor.groups[r]
+
 
 def run_rounds(
     items: Sequence[tuple[Compressor, object, str]], comm: ExchangeComm, average: bool,
@@ -111,10 +122,13 @@ def run_rounds(
     ``items`` are ``(compressor, tensor, name)``; tensors a compressor does not apply to go
     dense in the first round. All-reduce rounds of every tensor are summed together by
     ``sum_payloads(arrays) -> sums`` (default: one ``comm.allreduce_sum`` per array; the
-    engine passes one that fuses them); all-gather and sparse-merge rounds run per tensor, in
-    order. ``phase(index, name)`` (optional) wraps each tensor's compress and decompress, for
-    the timeline. Returns ``(value, summed)`` per tensor: the sum over ranks when ``summed``
-    (divide by ``comm.size`` to average), else already combined as ``average`` asks.
+    engine passes one that fuses them); all-gather, sparse-merge and reduce-scatter rounds,
+    and rounds over a HOST or PEER group (``Compressor.groups``: on sub-communicators from
+    ``topology.host_groups``, whose ``HostTopology`` the driver puts in ``ctx.topology``)
+    run per tensor, in order. ``phase(index, name)`` (optional) wraps each tensor's compress
+    and decompress, for the timeline. Returns ``(value, summed)`` per tensor: the sum over
+    ranks when ``summed`` (divide by ``comm.size`` to average), else already combined as
+    ``average`` asks.
     """
     if sum_payloads is None:
         def sum_payloads(arrays: list) -> list:
@@ -129,25 +143,37 @@ def run_rounds(
                 tensors.append(_Tensor(compressor, *compressor.compress(tensor, name), False))
             else:  # small or 1-D
                 tensors.append(_Tensor(compressor, [tensor], None, True))
+    hosts = _host_groups_for(tensors, comm)
     rounds = max((len(t.compressor.rounds) for t in tensors if not t.dense), default=1)
     for r in range(rounds):
-        summing = [t for t in tensors if t.round_kind(r) == ALLREDUCE]
+        summing = [t for t in tensors
+                   if t.round_kind(r) == ALLREDUCE and t.round_group(r) == WORLD]
         sums = sum_payloads([p for t in summing for p in t.payloads])
         pos = 0
         for t in summing:
             t.result, pos = sums[pos:pos + len(t.payloads)], pos + len(t.payloads)
         for t in tensors:
             kind = t.round_kind(r)
+            if kind is None:
+                continue
+            group = t.round_group(r)
+            sub = comm if group == WORLD else getattr(hosts, group)
             last = r == len(t.compressor.rounds) - 1
-            if kind == ALLGATHER:
-                gathered = [comm.allgather(p.reshape(-1)) for p in t.payloads]
+            if kind == ALLREDUCE and group != WORLD:
+                t.result = [sub.allreduce_sum(p) for p in t.payloads]
+            elif kind == REDUCE_SCATTER and not last:
+                t.result = [reduce_scatter_sum(
+                    sub, p, t.compressor.scatter_counts(p.size, sub.size, t.ctx))
+                    for p in t.payloads]
+            elif kind == ALLGATHER:
+                gathered = [sub.allgather(p.reshape(-1)) for p in t.payloads]
                 t.result = [list(per_rank) for per_rank in zip(*gathered)]
             elif kind == SPARSE_MERGE and not last:
-                t.result = sparse_tree_merge(t.compressor, t.payloads, t.ctx, comm)
-            elif kind not in (ALLREDUCE, None):
+                t.result = sparse_tree_merge(t.compressor, t.payloads, t.ctx, sub)
+            elif kind != ALLREDUCE:
                 raise ValueError(f"{t.compressor.name}: round {r} of kind {kind!r} is not "
                                  "supported")
-            if kind is not None and not t.dense and not last:
+            if not t.dense and not last:
                 t.payloads, t.ctx = t.compressor.resume(t.result, t.ctx)
     out: list[tuple[object, bool]] = []
     for i, t in enumerate(tensors):
@@ -160,6 +186,45 @@ def run_rounds(
                 op = "average" if average else "sum"
                 out.append((t.compressor.decompress_all(t.result, t.ctx, op), False))
     return out
+
+
+def reduce_scatter_sum(comm: ExchangeComm, arr: object, counts: list[int]) -> object:
+    """This rank's part of the sum of 1-D ``arr`` over ``comm``: rank ``i`` gets the
+    ``counts[i]`` elements after the first ``sum(counts[:i])``. A transport communicator
+    reduce-scatters (MPI); other ``ExchangeComm``s all-reduce and keep their part."""
+    if len(counts) != comm.size or sum(counts) != arr.size or min(counts) < 0:
+        raise ValueError(f"scatter counts {counts} do not split {arr.size} elements over "
+                         f"{comm.size} ranks")
+    lo = sum(counts[:comm.rank])
+    reduce_scatter = getattr(comm, "reduce_scatter", None)
+    if reduce_scatter is None or comm.size == 1:
+        return comm.allreduce_sum(arr.reshape(-1))[lo:lo + counts[comm.rank]]
+    host = np.ascontiguousarray(to_host(arr)).reshape(-1)
+    out = np.empty(counts[comm.rank], dtype=host.dtype)
+    reduce_scatter(host, out, list(counts), ReduceOp.SUM)
+    return from_host(out, arr)
+
+
+def _host_groups_for(tensors: list[_Tensor], comm: ExchangeComm) -> HostGroups | None:
+    """The HOST and PEER communicators when a compressed tensor has rounds over them (and
+    its context gets the topology); None otherwise. A last all-reduce round must span the
+    world (its result is a sum over all ranks); a last all-gather may span a group, when the
+    compressor's ``decompress_all`` rebuilds the world's result from it."""
+    grouped = [t for t in tensors if not t.dense and set(t.compressor.groups) != {WORLD}]
+    if not grouped:
+        return None
+    for t in grouped:
+        groups = t.compressor.groups
+        if len(groups) != len(t.compressor.rounds) or not set(groups) <= set(GROUPS):
+            raise ValueError(f"{t.compressor.name}: groups {list(groups)} must name one of "
+                             f"{list(GROUPS)} per round")
+        if t.compressor.rounds[-1] == ALLREDUCE and groups[-1] != WORLD:
+            raise ValueError(f"{t.compressor.name}: a last all-reduce round must span "
+                             "every rank")
+    hosts = host_groups(comm)
+    for t in grouped:
+        t.ctx.topology = hosts.topology
+    return hosts
 
 
 def sparse_tree_merge(

@@ -12,7 +12,7 @@ import numpy as np
 
 from dlcomm.array_api import array_namespace
 from dlcomm.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
-from dlcomm.compression.base import ALLGATHER, Compressor, CompressorWrapper, Context
+from dlcomm.compression.base import ALLGATHER, WORLD, Compressor, CompressorWrapper, Context
 
 CASTS = ("fp16", "bf16")
 _DTYPES = "payload_cast_dtypes"
@@ -25,6 +25,9 @@ class PayloadCast(CompressorWrapper):
         super().__init__(inner)
         if cast not in CASTS:
             raise ValueError(f"payload cast must be one of {list(CASTS)}, got {cast!r}")
+        if any(group != WORLD for group in inner.groups):
+            raise ValueError(f"'+{cast}' does not compose with {inner.name}, whose rounds run "
+                             "over hosts and peers (all-gathered lists mid-way)")
         if cast == "bf16" and any(kind != ALLGATHER for kind in inner.rounds):
             raise ValueError(
                 f"'+bf16' needs all-gathered payloads but {inner.name} has rounds "

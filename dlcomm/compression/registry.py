@@ -7,7 +7,7 @@ Spec syntax::
 
 e.g. ``"none"``, ``"topk:ratio=0.01,approx=1"``, ``"powersgd:rank=4+fp16"``, ``"qsgd:levels=8"``.
 Every compressor also takes ``ef=0|1``: wrap it in ``ErrorFeedback``. It defaults to 1 for
-topk, gtopk, efsignsgd, powersgd and acpsgd, whose convergence relies on it. randomk defaults
+topk, gtopk, htopk, efsignsgd, powersgd and acpsgd, whose convergence relies on it. randomk defaults
 to neither memory nor n/k scaling (``ef=0,unbiased=0``): both hand each element about n/k
 steps' worth of update at once, which diverges at a dense learning rate (see RandomK).
 Bypass knobs (same names as the env variables, see ``compressor_from_env``): tensors with
@@ -23,6 +23,7 @@ from dlcomm.compression.base import DEFAULT_MIN_COMPRESS_SIZE, Compressor
 from dlcomm.compression.casts import BF16Compressor, FP16Compressor, NoneCompressor
 from dlcomm.compression.error_feedback import ErrorFeedback
 from dlcomm.compression.gtopk import GTopK
+from dlcomm.compression.htopk import HierarchicalTopK
 from dlcomm.compression.lowrank import ACPSGD, PowerSGD
 from dlcomm.compression.payload_cast import CASTS, PayloadCast
 from dlcomm.compression.qsgd import QSGD
@@ -50,6 +51,7 @@ REGISTRY: dict[str, Entry] = {
     "topk": Entry(TopK, {"ratio": float, "approx": bool}, True),
     "randomk": Entry(RandomK, {"ratio": float, "seed": int, "unbiased": bool}, False),
     "gtopk": Entry(GTopK, {"ratio": float}, True),
+    "htopk": Entry(HierarchicalTopK, {"ratio": float}, True),
     "efsignsgd": Entry(EFSignSGD, {}, True),
     "signum": Entry(Signum, {}, False),
     "qsgd": Entry(QSGD, {"levels": int, "seed": int, "bucket": int, "norm": float},

@@ -272,7 +272,7 @@ def test_small_and_1d_tensors_bypass_compression():
 
 # -- registry and validation -----------------------------------------------------------------
 def test_registry_builds_every_compressor_with_default_error_feedback():
-    needs_ef = {"topk", "gtopk", "efsignsgd", "powersgd", "acpsgd"}
+    needs_ef = {"topk", "gtopk", "htopk", "efsignsgd", "powersgd", "acpsgd"}
     for name in available_compressors():
         assert isinstance(get_compressor(name), ErrorFeedback) == (name in needs_ef), name
     assert get_compressor("randomk").unbiased is False  # neither memory nor n/k (issue 17)
