@@ -10,6 +10,7 @@ synchronisation mode's (DS-Sync's step, LB-BSP's batch sizes and speed history) 
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -43,3 +44,25 @@ def to_numpy(state: Any) -> Any:
     if isinstance(state, torch.Tensor):
         return state.detach().cpu().numpy().copy()
     return state
+
+
+def pop_sync_state(state_dict: Any, mode: str, label: str, missing: str
+                   ) -> tuple[dict, dict | None]:
+    """Split an optimizer checkpoint into (the rest, the sync state of ``mode`` or None).
+
+    A checkpoint without sync state warns, naming ``label`` and ``missing`` (what starts
+    afresh); one of another sync mode raises ValueError: its state cannot drive this one."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"state_dict must be a dict (from optimizer.state_dict()), got "
+                        f"{type(state_dict).__name__}")
+    state = dict(state_dict)
+    sync_state = state.pop(SYNC_STATE_KEY, None)
+    if sync_state is None:
+        warnings.warn(f"the checkpoint holds no {label} state (saved without sync={mode!r}): "
+                      f"{missing}", stacklevel=3)
+    elif not isinstance(sync_state, dict) or sync_state.get("mode") != mode:
+        found = (sync_state.get("mode") if isinstance(sync_state, dict)
+                 else type(sync_state).__name__)
+        raise ValueError(f"the checkpoint holds the state of sync mode {found!r}; this "
+                         f"optimizer runs sync={mode!r}")
+    return state, sync_state

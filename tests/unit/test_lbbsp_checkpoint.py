@@ -51,3 +51,19 @@ def test_other_settings_or_bad_sizes_are_refused():
     with pytest.raises(TypeError, match="dict"):
         _balancer("ema").load_state_dict([1, 2])
     assert np.isfinite(state["samples"])
+
+
+def test_a_checkpoint_of_another_sync_mode_is_refused_and_a_missing_one_warns():
+    pytest.importorskip("torch")
+    from dlcomm.torch.compression_state import SYNC_STATE_KEY, pop_sync_state
+
+    saved = {"state": {}, SYNC_STATE_KEY: {"mode": "dssync", "step": 3}}
+    rest, sync = pop_sync_state(saved, "dssync", "DS-Sync", "restarts")
+    assert sync == {"mode": "dssync", "step": 3} and SYNC_STATE_KEY not in rest
+    assert SYNC_STATE_KEY in saved  # the caller's checkpoint is left as it was
+    with pytest.raises(ValueError, match="sync mode 'dssync'.*sync='lbbsp'"):
+        pop_sync_state(saved, "lbbsp", "LB-BSP", "restarts")
+    with pytest.warns(UserWarning, match="no LB-BSP state.*restarts"):
+        assert pop_sync_state({"state": {}}, "lbbsp", "LB-BSP", "restarts")[1] is None
+    with pytest.raises(TypeError, match="must be a dict"):
+        pop_sync_state([1], "lbbsp", "LB-BSP", "restarts")

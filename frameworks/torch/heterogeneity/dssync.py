@@ -32,7 +32,7 @@ import torch
 
 from dlcomm.heterogeneity.dssync import GroupCycle, average_in_group
 from dlcomm.heterogeneity.global_sync import GlobalSyncPoints
-from dlcomm.torch.compression_state import SYNC_STATE_KEY
+from dlcomm.torch.compression_state import SYNC_STATE_KEY, pop_sync_state
 from dlcomm.torch.schedules.base import build
 from dlcomm.torch.tensor_bridge import to_numpy, write_back
 
@@ -121,22 +121,11 @@ class DSSyncOptimizer:
         """Load what ``state_dict`` returned: the wrapped optimizer's state and DS-Sync's
         step. The parameters loaded with it count as globally averaged (they were, when the
         checkpoint was taken)."""
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"state_dict must be a dict (from optimizer.state_dict()), got "
-                            f"{type(state_dict).__name__}")
-        state = dict(state_dict)
-        sync_state = state.pop(SYNC_STATE_KEY, None)
+        state, sync_state = pop_sync_state(state_dict, "dssync", "DS-Sync",
+                                           "the group shuffle starts again from step 0")
         if sync_state is None:
-            warnings.warn("the checkpoint holds no DS-Sync state (saved without "
-                          "sync='dssync'): the group shuffle starts again from step 0",
-                          stacklevel=2)
             step = 0
         else:
-            if not isinstance(sync_state, dict) or sync_state.get("mode") != "dssync":
-                found = (sync_state.get("mode") if isinstance(sync_state, dict)
-                         else type(sync_state).__name__)
-                raise ValueError(f"the checkpoint holds the state of sync mode {found!r}; "
-                                 "this optimizer runs sync='dssync'")
             step = sync_state.get("step")
             if isinstance(step, bool) or not isinstance(step, int) or step < 0:
                 raise ValueError(f"DS-Sync state: step must be an int >= 0, got {step!r}")

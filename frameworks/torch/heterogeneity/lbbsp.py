@@ -12,7 +12,6 @@ one (data loading, forward, backward), so time spent waiting for other ranks doe
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +23,7 @@ from dlcomm.heterogeneity.lbbsp import BatchBalancer
 from dlcomm.mpi_ops import Handle
 from dlcomm.ops import Sum
 from dlcomm.process_sets import global_process_set
-from dlcomm.torch.compression_state import SYNC_STATE_KEY
+from dlcomm.torch.compression_state import SYNC_STATE_KEY, pop_sync_state
 from dlcomm.torch.schedules.base import build
 from dlcomm.torch.schedules.baseline import NoOverlapSchedule
 from dlcomm.torch.schedules.wfbp import WFBPSchedule
@@ -73,21 +72,9 @@ class LoadBalancedSchedule:
     def load_state_dict(self, state_dict: dict) -> None:
         """Load what ``state_dict`` returned; without LB-BSP state (a checkpoint of another
         mode) the balancer starts afresh, with a warning."""
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"state_dict must be a dict (from optimizer.state_dict()), got "
-                            f"{type(state_dict).__name__}")
-        state = dict(state_dict)
-        sync_state = state.pop(SYNC_STATE_KEY, None)
-        if sync_state is None:
-            warnings.warn("the checkpoint holds no LB-BSP state (saved without "
-                          "sync='lbbsp'): the batch sizes and speed history start afresh",
-                          stacklevel=2)
-        elif not isinstance(sync_state, dict) or sync_state.get("mode") != "lbbsp":
-            found = (sync_state.get("mode") if isinstance(sync_state, dict)
-                     else type(sync_state).__name__)
-            raise ValueError(f"the checkpoint holds the state of sync mode {found!r}; this "
-                             "optimizer runs sync='lbbsp'")
-        else:
+        state, sync_state = pop_sync_state(state_dict, "lbbsp", "LB-BSP",
+                                           "the batch sizes and speed history start afresh")
+        if sync_state is not None:
             self.balancer.load_state_dict(sync_state["balancer"])
             self.compute_seconds = [float(t) for t in sync_state["compute_seconds"]]
         super().load_state_dict(state)
