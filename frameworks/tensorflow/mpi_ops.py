@@ -75,10 +75,16 @@ def _allreduce_dense(tensor: tf.Tensor, name: str | None, op: ReduceOp, prescale
 
 
 def _allreduce_sparse(slices: tf.IndexedSlices, name: str | None, op: ReduceOp,
-                      process_set: ProcessSet) -> tf.IndexedSlices:
-    """Sparse gradients, as Horovod: all-gather indices and values (sum); divide for Average."""
+                      process_set: ProcessSet, prescale: float = 1.0,
+                      postscale: float = 1.0) -> tf.IndexedSlices:
+    """Sparse gradients, as Horovod: all-gather indices and values (sum); divide for Average.
+    Other ops and pre/postscale factors raise NotImplementedError, as in Horovod."""
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        raise ValueError(f"a tf.IndexedSlices can be reduced with Sum or Average, got {op!r}")
+        raise NotImplementedError(f"a tf.IndexedSlices can be reduced with Sum or Average "
+                                  f"only (it is all-gathered), got {op!r}")
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError("prescale_factor/postscale_factor are not supported for a "
+                                  "tf.IndexedSlices (it is all-gathered); scale its values")
     base = name or collective_name("allreduce_sparse", None)
     values = allgather(slices.values, name=None if base is None else f"{base}.values",
                        process_set=process_set)
@@ -104,7 +110,8 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
     op = _op(average, op)
     _check_process_set(process_set)
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_sparse(tensor, name, op, process_set)
+        return _allreduce_sparse(tensor, name, op, process_set, float(prescale_factor),
+                                 float(postscale_factor))
     t = as_tensor(tensor, reducible=True)
     tensor_compressor, engine_compressor = split(compression)
     if engine_compressor is not None and not t.dtype.is_floating:
@@ -122,27 +129,40 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
                       compression: Any = Compression.none, op: ReduceOp | None = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       name: str | None = None,
-                      process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
-    """All-reduce several tensors negotiated and fused as one request (one dtype)."""
+                      process_set: ProcessSet = global_process_set
+                      ) -> list[tf.Tensor | tf.IndexedSlices]:
+    """All-reduce several tensors negotiated and fused as one request (one dtype). A
+    ``tf.IndexedSlices`` among them is all-gathered on its own, as ``allreduce`` does."""
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"tensors must be a list of tensors, got {type(tensors).__name__}")
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
     op = _op(average, op)
     _check_process_set(process_set)
-    ts = [as_tensor(t, f"tensors[{i}]", reducible=True) for i, t in enumerate(tensors)]
+    pre, post = float(prescale_factor), float(postscale_factor)
+    req = collective_name("grouped_allreduce", name)
+    results: list[Any] = [None] * len(tensors)
+    dense = []
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            results[i] = _allreduce_sparse(t, None if req is None else f"{req}.sparse.{i}", op,
+                                           process_set, pre, post)
+        else:
+            dense.append(i)
+    if not dense:
+        return results
+    ts = [as_tensor(tensors[i], f"tensors[{i}]", reducible=True) for i in dense]
     tensor_compressor, engine_compressor = split(compression)
     packed, ctxs = zip(*(tensor_compressor.compress(t) for t in ts))
     dtypes = {p.dtype for p in packed}
     if len(dtypes) > 1:
         raise ValueError(f"grouped tensors must share one dtype, got "
                          f"{sorted(d.name for d in dtypes)}")
-    req = collective_name("grouped_allreduce", name)
-    pre, post = float(prescale_factor), float(postscale_factor)
-
     outs = _grouped_allreduce_dense(list(packed), req, op, pre, post, process_set,
                                     engine_compressor)
-    return [tensor_compressor.decompress(o, c) for o, c in zip(outs, ctxs)]
+    for i, o, c in zip(dense, outs, ctxs):
+        results[i] = tensor_compressor.decompress(o, c)
+    return results
 
 
 def _grouped_allreduce_dense(tensors: list[tf.Tensor], req: str | None, op: ReduceOp,

@@ -125,6 +125,27 @@ def check_collectives(run, tag):
 @section
 def collectives_eager():
     check_collectives(lambda fn, x: fn(x), "eager")
+    # a tf.IndexedSlices in a grouped all-reduce is all-gathered (Horovod), the rest fused
+    rows = tf.IndexedSlices(tf.fill((2, 3), float(r + 1)), tf.constant([r, r + 1]))
+    dense = tf.fill((4,), float(r))
+    out = hvd.grouped_allreduce([dense, rows, 2.0 * dense], op=hvd.Sum)
+    close(out[0], np.full(4, RANKS.sum()), "grouped dense beside slices")
+    close(out[2], np.full(4, 2 * RANKS.sum()), "grouped dense beside slices")
+    assert isinstance(out[1], tf.IndexedSlices)
+    close(out[1].indices, np.concatenate([[k, k + 1] for k in range(n)]), "slices indices")
+    close(out[1].values, np.repeat(RANKS + 1, 2)[:, None] * np.ones(3), "slices values")
+    only = hvd.grouped_allreduce([rows])  # Average
+    close(only[0].values, np.repeat(RANKS + 1, 2)[:, None] * np.ones(3) / n, "slices average")
+    for kwargs in ({"op": hvd.Min}, {"op": hvd.Sum, "prescale_factor": 0.5},
+                   {"op": hvd.Sum, "postscale_factor": 2.0}):
+        for call in (lambda: hvd.allreduce(rows, **kwargs),
+                     lambda: hvd.grouped_allreduce([dense, rows], **kwargs)):
+            try:
+                call()
+            except NotImplementedError:
+                pass
+            else:
+                raise AssertionError(f"IndexedSlices with {kwargs} was accepted")
 
 
 @section
