@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from dlcomm.errors import MismatchError
+
 # dtypes the core moves (the reducible ones plus bool); bfloat16 travels as float32
 _MOVABLE = (tf.int8, tf.uint8, tf.int16, tf.uint16, tf.int32, tf.uint32, tf.int64, tf.uint64,
             tf.float16, tf.float32, tf.float64, tf.bool)
@@ -49,6 +51,14 @@ def as_tensor(value: Any, what: str = "tensor", reducible: bool = False) -> tf.T
     return tensor
 
 
+class TensorMismatchError(MismatchError, tf.errors.FailedPreconditionError):
+    """Ranks disagree on a collective (shape, dtype, op, root): dlcomm's ``MismatchError``
+    and, as Horovod raises for it, TensorFlow's ``FailedPreconditionError``."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+
 def call_core(fn: Callable[[list[np.ndarray]], Sequence[np.ndarray]],
               inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType],
               out_shapes: Sequence[Any]) -> list[tf.Tensor]:
@@ -67,7 +77,11 @@ def call_core(fn: Callable[[list[np.ndarray]], Sequence[np.ndarray]],
         return [np.asarray(r, dtype=d.as_numpy_dtype) for r, d in zip(results, wire_out)]
 
     if tf.executing_eagerly():
-        outs = [tf.convert_to_tensor(r) for r in body(*[t.numpy() for t in casted])]
+        try:
+            results = body(*[t.numpy() for t in casted])
+        except MismatchError as exc:  # in a graph, TensorFlow reports any error as Unknown
+            raise TensorMismatchError(str(exc)) from exc
+        outs = [tf.convert_to_tensor(r) for r in results]
     else:
         graph = tf.compat.v1.get_default_graph()
         # A TF1 graph (no tf.function) gets no automatic control dependencies: its executor

@@ -535,6 +535,11 @@ def errors_are_clear():
         hvd.allreduce(tf.ones((2, 3 + r)), name="mismatch.eager")
     msg = str(info.value)
     assert "mismatch.eager" in msg and "(2, 3)" in msg and "(2, 4)" in msg, msg
+    # ... which is also the TensorFlow error Horovod raises for it
+    assert isinstance(info.value, hvd.MismatchError)
+    assert isinstance(info.value, tf.errors.FailedPreconditionError)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="mismatch.dtype"):
+        hvd.broadcast(tf.ones(3, tf.float32 if r else tf.float64), 0, name="mismatch.dtype")
     with pytest.raises(tf.errors.OpError) as info:
         tf.function(lambda x: hvd.allreduce(x, name="mismatch.graph"))(tf.ones((2, 3 + r)))
     msg = str(info.value)
