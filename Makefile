@@ -34,10 +34,12 @@ test: install-test install-tensorflow lint test-mxnet
 bench: install
 	$(PYTHON) -m dlcomm.cli.main bench report --output docs/benchmarks.md
 
-# ruff, then the import-linter contracts of .importlinter (the layers) and no import cycle.
+# ruff, then the import-linter contracts of .importlinter (the layers) and no import cycle,
+# then unique test file names (pytest stops at collection on two of the same name).
 lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) tests/check_layers.py
+	$(PYTHON) tests/check_test_names.py
 
 knobs-doc:
 	$(PYTHON) -m dlcomm.config docs/knobs.md
