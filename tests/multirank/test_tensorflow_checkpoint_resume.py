@@ -6,9 +6,8 @@ compressor sends dense); resuming from the same files with the compression state
 from them does not (so the test can fail)."""
 from __future__ import annotations
 
-import numpy as np
+from checkpoint_phases import assert_resume_equals_full, run_phases
 from framework_required import require_framework
-from mpi_run import run_mpi
 
 require_framework("tensorflow", install="make install-tensorflow")
 
@@ -75,15 +74,7 @@ print("OK", flush=True)
 
 def test_keras_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
     ranks = 2
-    for phase in ("full", "first", "resume", "resume_plain"):
-        proc = run_mpi(ranks, SCRIPT, tmp_path, timeout=400, env=QUIET,
-                       args=[phase, str(tmp_path), ";".join(SPECS)])
-        assert proc.count_per_rank("OK") == [1] * ranks, proc.report()
+    run_phases(ranks, SCRIPT, tmp_path, ";".join(SPECS), timeout=400, env=QUIET)
     for spec in SPECS:
         tag = spec.replace(":", "_").replace("=", "_")
-        for r in range(ranks):
-            full = np.load(tmp_path / f"full_{tag}_{r}.npy")
-            resumed = np.load(tmp_path / f"resume_{tag}_{r}.npy")
-            np.testing.assert_array_equal(resumed, full, err_msg=f"{spec} rank {r}")
-            plain = np.load(tmp_path / f"resume_plain_{tag}_{r}.npy")
-            assert not np.array_equal(plain, full), f"{spec}: the state made no difference"
+        assert_resume_equals_full(tmp_path, ranks, tag, spec, state_matters=True)

@@ -6,8 +6,7 @@ through all 8 steps, for every compressor with state, also after
 checkpoint without the compression state does not (so the test can fail)."""
 from __future__ import annotations
 
-import numpy as np
-from mpi_run import run_mpi
+from checkpoint_phases import assert_resume_equals_full, run_phases
 
 SPECS = ["none", "topk:ratio=0.1", "powersgd:rank=2", "acpsgd:rank=2", "efsignsgd",
          "randomk:ratio=0.1,ef=1", "gtopk:ratio=0.1"]
@@ -64,19 +63,12 @@ print("OK", flush=True)
 
 def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
     ranks = 3
-    specs = ";".join(SPECS)
-    for phase in ("full", "first", "resume", "resume_plain"):
-        proc = run_mpi(ranks, SCRIPT, tmp_path, timeout=300, args=[phase, str(tmp_path), specs])
-        assert proc.count_per_rank("OK") == [1] * ranks, proc.report()
+    run_phases(ranks, SCRIPT, tmp_path, ";".join(SPECS), timeout=300)
     for spec in SPECS:
         tag = spec.replace(":", "_").replace("=", "_").replace(",", "_")
-        for r in range(ranks):
-            full = np.load(tmp_path / f"full_{tag}_{r}.npy")
-            resumed = np.load(tmp_path / f"resume_{tag}_{r}.npy")
-            np.testing.assert_array_equal(resumed, full, err_msg=f"{spec} rank {r}")
-            plain = np.load(tmp_path / f"resume_plain_{tag}_{r}.npy")
-            if spec != "none":  # without its state the compressor takes another path
-                assert not np.array_equal(plain, full), f"{spec}: the state made no difference"
+        # without its state a compressor takes another path; "none" has no state
+        assert_resume_equals_full(tmp_path, ranks, tag, spec,
+                                  state_matters=True if spec != "none" else None)
 
 
 # --- every schedule (issue 27 item 1): DeAR flushes its pending updates into the checkpoint
@@ -165,21 +157,12 @@ print("OK", flush=True)
 def test_every_schedule_resumes_from_checkpoint_as_the_uninterrupted_run(tmp_path):
     ranks = 3
     configs = ";".join(f"{s}/{c}" for s, c in SCHEDULE_CONFIGS)
-    for phase in ("full", "first", "resume", "resume_plain"):
-        proc = run_mpi(ranks, SCHEDULE_SCRIPT, tmp_path, timeout=400,
-                       args=[phase, str(tmp_path), configs])
-        assert proc.count_per_rank("OK") == [1] * ranks, proc.report()
-        if phase == "resume":
-            assert proc.count_per_rank("REFUSED") == [1] * ranks, proc.report()
+    resume = run_phases(ranks, SCHEDULE_SCRIPT, tmp_path, configs, timeout=400)["resume"]
+    assert resume.count_per_rank("REFUSED") == [1] * ranks, resume.report()
     for schedule, spec in SCHEDULE_CONFIGS:
         config = f"{schedule}/{spec}"
         tag = config.replace(":", "_").replace("=", "_").replace(",", "_").replace("/", "_")
-        for r in range(ranks):
-            full = np.load(tmp_path / f"full_{tag}_{r}.npy")
-            resumed = np.load(tmp_path / f"resume_{tag}_{r}.npy")
-            np.testing.assert_array_equal(resumed, full, err_msg=f"{config} rank {r}")
-            plain = np.load(tmp_path / f"resume_plain_{tag}_{r}.npy")
-            if schedule == "mgwfbp":  # profiled afresh: per-parameter messages for 3 steps
-                assert not np.array_equal(plain, full), f"{config}: the plan made no difference"
-            else:  # nothing else is in the schedule's state
-                np.testing.assert_array_equal(plain, full, err_msg=f"{config} rank {r}")
+        # MG-WFBP without its plan profiles afresh (per-parameter messages for 3 steps);
+        # nothing else is in a schedule's state
+        assert_resume_equals_full(tmp_path, ranks, tag, config,
+                                  state_matters=schedule == "mgwfbp")

@@ -12,7 +12,7 @@ measures the same speeds (rank 0 the fastest).
 from __future__ import annotations
 
 import numpy as np
-from mpi_run import run_mpi
+from checkpoint_phases import assert_resume_equals_full, run_phases
 
 MODES = ["dssync:group_size=2", "lbbsp:global_batch=24,min_batch=2,interval=4"]
 
@@ -81,18 +81,10 @@ print("OK", flush=True)
 
 def test_sync_modes_resume_from_checkpoint_as_the_uninterrupted_run(tmp_path):
     ranks = 3
-    for phase in ("full", "first", "resume", "resume_plain"):
-        proc = run_mpi(ranks, SCRIPT, tmp_path, timeout=300,
-                       args=[phase, str(tmp_path), ";".join(MODES)])
-        assert proc.count_per_rank("OK") == [1] * ranks, proc.report()
+    run_phases(ranks, SCRIPT, tmp_path, ";".join(MODES), timeout=300)
     for mode in MODES:
         tag = mode.split(":")[0]
-        for r in range(ranks):
-            full = np.load(tmp_path / f"full_{tag}_{r}.npy")
-            resumed = np.load(tmp_path / f"resume_{tag}_{r}.npy")
-            np.testing.assert_array_equal(resumed, full, err_msg=f"{mode} rank {r}")
-            plain = np.load(tmp_path / f"resume_plain_{tag}_{r}.npy")
-            assert not np.array_equal(plain, full), f"{mode}: the state made no difference"
+        assert_resume_equals_full(tmp_path, ranks, tag, mode, state_matters=True)
         if tag == "lbbsp":  # the balancer re-sized the batches, the same way after resuming
             full_sizes = np.load(tmp_path / f"full_{tag}_sizes_0.npy")
             assert len({tuple(s) for s in full_sizes}) > 1, full_sizes
