@@ -3,7 +3,8 @@
 Ring, recursive halving-doubling (Rabenseifner), binomial tree, ring reduce-scatter and
 all-gather with per-rank counts, a hierarchical all-reduce (reduce inside each host,
 all-reduce among host leaders, broadcast inside each host), the ``ordered`` all-reduce and
-reduce-scatter that reduce every element in rank order, ``pipelined`` (``ordered``'s bits
+reduce-scatter that reduce every element in rank order (``ordered_tcp``: the same over a
+TCP mesh, ``dlcomm.comm.tcp_mesh``), ``pipelined`` (``ordered``'s bits
 with segments overlapped on non-blocking messages), and ``auto`` / ``fastest``, which pick
 one per message size from a cost model measured at first use. Every all-reduce has the
 signature ``algorithm(comm, sendbuf, recvbuf, op) -> recvbuf`` on contiguous 1-D numpy
@@ -29,6 +30,8 @@ _EXPORTS = {
     "native_allreduce": "mpi_allreduce",
     "ordered_allreduce": "ordered",
     "ordered_reduce_scatter": "ordered",
+    "ordered_tcp_allreduce": "ordered",
+    "ordered_tcp_reduce_scatter": "ordered",
     "pipelined_allreduce": "pipelined",
     "AutoAllreduce": "selection",
     "CostModel": "selection",

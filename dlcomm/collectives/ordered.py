@@ -31,6 +31,7 @@ from dlcomm.collectives.buffers import (
 )
 from dlcomm.collectives.chunking import displacements, equal_counts, validate_counts
 from dlcomm.collectives.reduction import reduction_ufunc
+from dlcomm.comm.mesh_communicator import mesh_communicator
 from dlcomm.ops import ReduceOp
 
 # An all-reduce whose p copies of the buffer take at most this many bytes gathers them whole.
@@ -120,3 +121,30 @@ def ordered_allreduce(
     # sendbuf was consumed by the all-to-all, so recvbuf may be the same memory.
     comm.allgatherv(block, recv, list(counts))
     return recv
+
+
+@raise_collective_errors
+def ordered_tcp_allreduce(
+    comm: CommLike,
+    sendbuf: np.ndarray,
+    recvbuf: np.ndarray,
+    op: ReduceOp | str = ReduceOp.SUM,
+) -> np.ndarray:
+    """``ordered_allreduce`` with its all-to-all and all-gather over the communicator's TCP
+    mesh (``dlcomm.comm.tcp_mesh``; built collectively on first use): the same bits, sent
+    by threads that keep the links busy. Over MPI when the mesh is off or unavailable."""
+    comm = check_comm(comm)
+    return ordered_allreduce(mesh_communicator(comm) or comm, sendbuf, recvbuf, op)
+
+
+@raise_collective_errors
+def ordered_tcp_reduce_scatter(
+    comm: CommLike,
+    sendbuf: np.ndarray,
+    recvbuf: np.ndarray,
+    counts: Sequence[int],
+    op: ReduceOp | str = ReduceOp.SUM,
+) -> np.ndarray:
+    """``ordered_reduce_scatter`` over the TCP mesh (same bits; MPI without a mesh)."""
+    comm = check_comm(comm)
+    return ordered_reduce_scatter(mesh_communicator(comm) or comm, sendbuf, recvbuf, counts, op)

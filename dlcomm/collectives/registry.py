@@ -17,7 +17,12 @@ from dlcomm.collectives.buffers import CommLike
 from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.hierarchical import hierarchical_allreduce
 from dlcomm.collectives.mpi_allreduce import mpi_allreduce
-from dlcomm.collectives.ordered import ordered_allreduce, ordered_reduce_scatter
+from dlcomm.collectives.ordered import (
+    ordered_allreduce,
+    ordered_reduce_scatter,
+    ordered_tcp_allreduce,
+    ordered_tcp_reduce_scatter,
+)
 from dlcomm.collectives.pipelined import pipelined_allreduce
 from dlcomm.collectives.ring import ring_allreduce
 from dlcomm.collectives.selection import auto_allreduce, fastest_allreduce
@@ -31,6 +36,7 @@ ReduceScatterAlgorithm = Callable[
 ALLREDUCE_ALGORITHMS: dict[str, AllreduceAlgorithm] = {
     "auto": auto_allreduce,
     "ordered": ordered_allreduce,
+    "ordered_tcp": ordered_tcp_allreduce,
     "pipelined": pipelined_allreduce,
     "mpi": mpi_allreduce,
     "ring": ring_allreduce,
@@ -47,7 +53,7 @@ ALIASES = {"native": "mpi"}  # earlier names, still accepted
 # the all-reduce's bits.
 REDUCE_SCATTERS: dict[str, ReduceScatterAlgorithm] = {
     "auto": ordered_reduce_scatter, "ordered": ordered_reduce_scatter,
-    "pipelined": ordered_reduce_scatter}
+    "pipelined": ordered_reduce_scatter, "ordered_tcp": ordered_tcp_reduce_scatter}
 
 
 def get_allreduce_algorithm(allreduce_algorithm: str) -> AllreduceAlgorithm:

@@ -41,7 +41,7 @@ from dlcomm.collectives.buffers import CommLike, check_comm, check_send_recv_pai
 from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.hierarchical import hierarchical_allreduce
 from dlcomm.collectives.mpi_allreduce import mpi_allreduce
-from dlcomm.collectives.ordered import ordered_allreduce
+from dlcomm.collectives.ordered import ordered_allreduce, ordered_tcp_allreduce
 from dlcomm.collectives.pipelined import (
     check_segment_bytes,
     pipelined_allreduce,
@@ -49,12 +49,13 @@ from dlcomm.collectives.pipelined import (
 )
 from dlcomm.collectives.reduction import reduction_ufunc
 from dlcomm.collectives.ring import ring_allreduce
+from dlcomm.comm.mesh_communicator import mesh_communicator
 from dlcomm.ops import ReduceOp
 
 # Bump when an algorithm or the probe changes, so cached models of the old code are ignored.
-MODEL_VERSION = 1
-DETERMINISTIC_CANDIDATES = ("ordered", "pipelined")
-ANY_CANDIDATES = ("ordered", "pipelined", "mpi", "ring", "rhd", "hierarchical")
+MODEL_VERSION = 2
+DETERMINISTIC_CANDIDATES = ("ordered", "pipelined", "ordered_tcp")
+ANY_CANDIDATES = ("ordered", "pipelined", "ordered_tcp", "mpi", "ring", "rhd", "hierarchical")
 PROBE_SIZES = (8 << 10, 256 << 10, 4 << 20)  # bytes of float32
 PROBE_REPEATS = (7, 5, 3)  # timed calls per size: more where one call is quick and noisy
 MODEL_CACHE_ENV = "DLCOMM_ALLREDUCE_MODEL_CACHE"
@@ -69,7 +70,8 @@ def _candidate_functions(segment_bytes: int) -> dict[str, Algorithm]:
         return pipelined_allreduce(comm, send, recv, op,
                                    allreduce_segment_bytes=segment_bytes)
 
-    return {"ordered": ordered_allreduce, "pipelined": pipelined, "mpi": mpi_allreduce,
+    return {"ordered": ordered_allreduce, "pipelined": pipelined,
+            "ordered_tcp": ordered_tcp_allreduce, "mpi": mpi_allreduce,
             "ring": ring_allreduce, "rhd": rhd_allreduce, "hierarchical": hierarchical_allreduce}
 
 
@@ -258,6 +260,8 @@ class AutoAllreduce:
         hosts = self.comm.allgather(socket.gethostname())
         names = [c for c in candidates if c != "hierarchical"
                  or 1 < len(set(hosts)) < len(hosts)]  # it needs hosts with several ranks
+        if "ordered_tcp" in names and mesh_communicator(self.comm, environ) is None:
+            names.remove("ordered_tcp")  # DLCOMM_TCP_MESH=off, or a rank could not connect
         unknown = sorted(set(names) - set(functions))
         if unknown:
             raise ValueError(f"unknown candidate all-reduce(s) {unknown}")

@@ -21,7 +21,8 @@ import numpy as np
 from mpi4py import MPI
 from dlcomm.collectives import (
     HierarchicalAllreduce, binomial_broadcast, binomial_reduce, get_allreduce_algorithm,
-    ordered_reduce_scatter, pipelined_allreduce, ring_allgather, ring_reduce_scatter,
+    ordered_reduce_scatter, ordered_tcp_reduce_scatter, pipelined_allreduce, ring_allgather,
+    ring_reduce_scatter,
 )
 from dlcomm.comm.mpi_backend import mpi_op
 
@@ -39,11 +40,12 @@ hier2_tree = HierarchicalAllreduce(
 )
 assert hier2.host_count == (p + 1) // 2 and hier3.host_count == (p + 2) // 3
 ALGS = {name: get_allreduce_algorithm(name)
-        for name in ("ordered", "auto", "ring", "rhd", "tree", "hierarchical", "fastest")}
+        for name in ("ordered", "ordered_tcp", "auto", "ring", "rhd", "tree", "hierarchical",
+                     "fastest")}
 # Segments of 64 bytes: many segments per block (up to the cap) at these sizes.
 ALGS["pipelined/64B"] = lambda c, s, o, op: pipelined_allreduce(c, s, o, op,
                                                                 allreduce_segment_bytes=64)
-RANK_ORDER = ("ordered", "auto", "pipelined/64B")
+RANK_ORDER = ("ordered", "ordered_tcp", "auto", "pipelined/64B")
 SOME_DTYPES_ONLY = ("hierarchical/2 tree", "fastest")  # 64-bit dtypes suffice: saves time
 ALGS["hierarchical/2 ring"] = lambda c, s, o, op: hier2(s, o, op)
 ALGS["hierarchical/3 rhd"] = lambda c, s, o, op: hier3(s, o, op)
@@ -130,6 +132,7 @@ for counts in COUNT_LISTS:
             comm.Allreduce(x, full, op=mpi_op(op))
             x_before = x.copy()
             for name, reduce_scatter in (("ring", ring_reduce_scatter),
+                                         ("ordered_tcp", ordered_tcp_reduce_scatter),
                                          ("ordered", ordered_reduce_scatter)):
                 out = np.full(counts[r], 7, dtype=dtype)
                 res = reduce_scatter(comm, x, out, counts, op)
@@ -283,8 +286,8 @@ def raises(kind, fragment, func, *args, **kwargs):
         raise AssertionError(f"{func.__name__}{args} did not raise {kind.__name__}")
 
 
-raises(ValueError, "valid names: auto, ordered, pipelined, mpi, ring, rhd, tree, hierarchical, "
-       "fastest (also native = mpi)", get_allreduce_algorithm, "butterfly")
+raises(ValueError, "valid names: auto, ordered, ordered_tcp, pipelined, mpi, ring, rhd, tree, "
+       "hierarchical, fastest (also native = mpi)", get_allreduce_algorithm, "butterfly")
 raises(TypeError, "string", get_allreduce_algorithm, 3)
 assert get_allreduce_algorithm(" Ring ") is ring_allreduce
 assert algorithm_from_env({}) is auto_allreduce
@@ -293,8 +296,8 @@ assert algorithm_from_env({"DLCOMM_ALLREDUCE_ALGORITHM": "native"}) is native_al
 assert algorithm_from_env({"DLCOMM_ALLREDUCE_ALGORITHM": "rhd"}).__name__ == "rhd_allreduce"
 raises(ValueError, "DLCOMM_ALLREDUCE_ALGORITHM", algorithm_from_env,
        {"DLCOMM_ALLREDUCE_ALGORITHM": "fast"})
-for name in ("auto", "ordered", "pipelined", "native", "ring", "rhd", "tree", "hierarchical",
-             "fastest"):
+for name in ("auto", "ordered", "ordered_tcp", "pipelined", "native", "ring", "rhd", "tree",
+             "hierarchical", "fastest"):
     alg = get_allreduce_algorithm(name)
     raises(TypeError, "MPI.Intracomm", alg, "comm", x, x, "sum")
     raises(TypeError, "numpy.ndarray", alg, comm, [0.0] * 4, x, "sum")

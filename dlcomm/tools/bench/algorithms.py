@@ -142,7 +142,7 @@ def run_benchmark(args: argparse.Namespace) -> None:
     )
     algorithms: dict[str, Callable] = {
         name: get_allreduce_algorithm(name)
-        for name in ("mpi", "ordered", "pipelined", "auto", "ring", "rhd", "tree")
+        for name in ("mpi", "ordered", "ordered_tcp", "pipelined", "auto", "ring", "rhd", "tree")
     }
     algorithms[f"hierarchical ({hosts.host_count} host)"] = lambda c, s, r, op: hosts(s, r, op)
     algorithms[f"hierarchical ({args.ranks_per_host} ranks/host)"] = (

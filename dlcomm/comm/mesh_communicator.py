@@ -1,0 +1,90 @@
+"""An ``MPICommunicator`` whose all-to-all and all-gather travel over a ``TcpMesh``.
+
+Everything else (barriers, broadcasts, the negotiation, small values) stays on MPI. The
+collective algorithms run on it unchanged: ``ordered`` over this communicator sends the same
+blocks and reduces them in the same rank order as over MPI, so it gives the same bits, only
+over connections that keep the links busy (``tcp_mesh``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from dlcomm.comm.mpi_backend import MPICommunicator
+from dlcomm.comm.tcp_mesh import MeshError, TcpMesh
+
+TCP_MESH_ENV = "DLCOMM_TCP_MESH"  # "auto" (default): offered to the cost model; "off": never
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    out, total = [], 0
+    for c in counts:
+        out.append(total)
+        total += c
+    return out
+
+
+class MeshCommunicator(MPICommunicator):
+    """``base``'s MPI communicator with all-to-all and all-gather over ``mesh``."""
+
+    def __init__(self, base: MPICommunicator, mesh: TcpMesh) -> None:
+        super().__init__(base.comm)
+        self.mesh = mesh
+
+    def __repr__(self) -> str:
+        return f"MeshCommunicator(rank={self.rank}, size={self.size})"
+
+    def alltoallv(self, sendbuf: np.ndarray, sendcounts: list[int], recvbuf: np.ndarray,
+                  recvcounts: list[int]) -> None:
+        send_at, recv_at = _offsets(sendcounts), _offsets(recvcounts)
+        me = self.rank
+        recvbuf[recv_at[me]:recv_at[me] + recvcounts[me]] = \
+            sendbuf[send_at[me]:send_at[me] + sendcounts[me]]
+        others = [p for p in range(self.size) if p != me]
+        self.mesh.exchange(
+            {p: sendbuf[send_at[p]:send_at[p] + sendcounts[p]] for p in others},
+            {p: recvbuf[recv_at[p]:recv_at[p] + recvcounts[p]] for p in others})
+
+    def allgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int]) -> None:
+        at, me = _offsets(counts), self.rank
+        mine = recvbuf[at[me]:at[me] + counts[me]]
+        if mine.size and not np.shares_memory(mine, sendbuf):
+            mine[...] = sendbuf
+        others = [p for p in range(self.size) if p != me]
+        self.mesh.exchange({p: sendbuf for p in others},
+                           {p: recvbuf[at[p]:at[p] + counts[p]] for p in others})
+
+    def free(self) -> None:
+        """Close the mesh; the MPI communicator belongs to ``base``'s owner."""
+        self.mesh.close()
+
+
+def mesh_communicator(comm: MPICommunicator,
+                      environ: dict[str, str] | None = None) -> MeshCommunicator | None:
+    """``comm`` over a TCP mesh, built collectively on first use and cached on ``comm``;
+    None on every rank when ``DLCOMM_TCP_MESH=off``, for one rank, or when any rank could
+    not connect (logged once; MPI carries everything then)."""
+    environ = os.environ if environ is None else environ
+    setting = environ.get(TCP_MESH_ENV, "auto").strip().lower() or "auto"
+    if setting not in ("auto", "off"):
+        raise ValueError(f"{TCP_MESH_ENV} must be 'auto' or 'off', got {setting!r}")
+    if setting == "off" or comm.size < 2:
+        return None
+
+    def build() -> Any:
+        try:
+            return MeshCommunicator(comm, TcpMesh(comm, environ))
+        except MeshError as exc:
+            if comm.rank == 0:
+                logging.getLogger("dlcomm").warning("%s; all-reduces stay on MPI", exc)
+            return _NoMesh()
+
+    built = comm.cached(("tcp_mesh",), build)
+    return None if isinstance(built, _NoMesh) else built
+
+
+class _NoMesh:
+    """Cached when the mesh could not be built, so no rank tries again."""

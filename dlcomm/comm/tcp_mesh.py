@@ -1,0 +1,256 @@
+"""A full mesh of TCP connections among a communicator's ranks: a data plane for large
+all-to-all and all-gather exchanges.
+
+Open MPI's TCP transport moves data only while a rank is inside an MPI call and polls for
+progress; with more ranks than cores (4 ranks on 2 here) the ranks take turns on the CPU and
+the links sit idle between turns. Here every peer has a sending and a receiving thread that
+block in the kernel (``sendall``/``recv_into`` release the GIL), so a link is kept busy as
+long as data is queued, the way gloo drives its sockets. The connections are made once, over
+the addresses every rank publishes through MPI, and each carries a shared random token so a
+stray connection is refused.
+"""
+from __future__ import annotations
+
+import fcntl
+import functools
+import ipaddress
+import os
+import queue
+import secrets
+import socket
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dlcomm.errors import DLCommError
+
+CONNECT_TIMEOUT_S = 5.0  # per address tried
+ACCEPT_TIMEOUT_S = 60.0  # for every lower rank to connect
+_SIOCGIFADDR = 0x8915
+# Open MPI's own choice of interfaces, when the launcher or user set one (e.g. --emulate).
+INCLUDE_ENV = "OMPI_MCA_btl_tcp_if_include"
+
+
+class MeshError(DLCommError):
+    """A TCP connection of the mesh failed or a peer closed it."""
+
+
+def local_addresses(environ: dict[str, str] | None = None) -> list[str]:
+    """This host's IPv4 addresses other than loopback, restricted to the subnets of
+    ``OMPI_MCA_btl_tcp_if_include`` when it lists any (the interfaces MPI itself uses)."""
+    environ = os.environ if environ is None else environ
+    found = []
+    for _index, name in socket.if_nameindex():
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR,
+                                 struct.pack("256s", name[:15].encode()))
+            found.append(socket.inet_ntoa(packed[20:24]))
+        except OSError:  # no IPv4 address on that interface
+            pass
+        finally:
+            probe.close()
+    found = [a for a in found if not ipaddress.ip_address(a).is_loopback]
+    subnets = []
+    for item in environ.get(INCLUDE_ENV, "").split(","):
+        try:
+            subnets.append(ipaddress.ip_network(item.strip(), strict=False))
+        except ValueError:  # an interface name, not a subnet: keep every address
+            continue
+    if subnets:
+        found = [a for a in found if any(ipaddress.ip_address(a) in s for s in subnets)]
+    return found
+
+
+class _Worker:
+    """A daemon thread running the jobs queued for one direction of one connection."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None], done: _Countdown) -> None:
+        self._jobs.put((job, done))
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, done = item
+            try:
+                job()
+            except BaseException as exc:  # reported to the caller of exchange()
+                done.fail(exc)
+            else:
+                done.finish()
+
+
+class _Countdown:
+    """Completion of one exchange's jobs; the first error wins."""
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+        self._cond = threading.Condition()
+        self.error: BaseException | None = None
+
+    def finish(self) -> None:
+        with self._cond:
+            self._left -= 1
+            if self._left == 0:
+                self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self.error = self.error or exc
+            self._left -= 1
+            if self._left == 0:
+                self._cond.notify_all()
+
+    def wait(self) -> None:
+        with self._cond:
+            while self._left:
+                self._cond.wait()
+
+
+def _recv_exactly(conn: socket.socket, view: memoryview, peer: int) -> None:
+    got, total = 0, len(view)
+    while got < total:
+        try:
+            n = conn.recv_into(view[got:], total - got)
+        except OSError as exc:
+            raise MeshError(f"rank {peer} closed its TCP connection with {total - got} of "
+                            f"{total} bytes still to come ({exc}; did it fail or exit?)"
+                            ) from exc
+        if n == 0:
+            raise MeshError(f"rank {peer} closed its TCP connection with {total - got} of "
+                            f"{total} bytes still to come (did it fail or exit?)")
+        got += n
+
+
+def _send_all(conn: socket.socket, view: memoryview, peer: int) -> None:
+    try:
+        conn.sendall(view)
+    except OSError as exc:
+        raise MeshError(f"rank {peer} closed its TCP connection while {len(view)} bytes were "
+                        f"being sent to it ({exc}; did it fail or exit?)") from exc
+
+
+def _bytes_view(array: np.ndarray) -> memoryview:
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+class TcpMesh:
+    """Connections to every other rank of ``comm`` (an ``MPICommunicator``); built
+    collectively. ``exchange`` sends and receives arrays with any set of peers at once."""
+
+    def __init__(self, comm: Any, environ: dict[str, str] | None = None) -> None:
+        self.rank, self.size = comm.rank, comm.size
+        self._conns: dict[int, socket.socket] = {}
+        self._senders: dict[int, _Worker] = {}
+        self._receivers: dict[int, _Worker] = {}
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        error = ""
+        try:
+            listener.bind(("", 0))
+            listener.listen(max(self.size, 1))
+            listener.settimeout(ACCEPT_TIMEOUT_S)
+            token = comm.bcast_object(secrets.token_bytes(16) if self.rank == 0 else None)
+            published = comm.allgather((local_addresses(environ), listener.getsockname()[1]))
+            accepted: list[BaseException] = []
+            acceptor = threading.Thread(target=self._accept_lower,
+                                        args=(listener, token, accepted), daemon=True)
+            acceptor.start()
+            try:
+                for peer in range(self.rank + 1, self.size):
+                    self._conns[peer] = self._connect(peer, *published[peer], token)
+            except MeshError as exc:
+                error = str(exc)
+            acceptor.join(ACCEPT_TIMEOUT_S + 1)
+            if accepted and not error:
+                error = str(accepted[0])
+        except OSError as exc:
+            error = f"rank {self.rank}: {exc}"
+        finally:
+            listener.close()
+        errors = [e for e in comm.allgather(error) if e]
+        if errors:  # every rank learns that the mesh is unusable, and why
+            self.close()
+            raise MeshError(f"the TCP mesh could not be built: {errors[0]}")
+        for peer, conn in self._conns.items():
+            conn.settimeout(None)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._senders[peer] = _Worker(f"dlcomm-mesh-send-{peer}")
+            self._receivers[peer] = _Worker(f"dlcomm-mesh-recv-{peer}")
+
+    def _connect(self, peer: int, addresses: Sequence[str], port: int,
+                 token: bytes) -> socket.socket:
+        reasons = []
+        for address in addresses:
+            try:
+                conn = socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_S)
+            except OSError as exc:
+                reasons.append(f"{address}:{port}: {exc}")
+                continue
+            conn.sendall(token + struct.pack("!i", self.rank))
+            return conn
+        raise MeshError(f"rank {self.rank} could not connect to rank {peer} at any of "
+                        f"{list(addresses)} ({'; '.join(reasons) or 'no address published'})")
+
+    def _accept_lower(self, listener: socket.socket, token: bytes,
+                      errors: list[BaseException]) -> None:
+        try:
+            while len([p for p in self._conns if p < self.rank]) < self.rank:
+                conn, _addr = listener.accept()
+                conn.settimeout(CONNECT_TIMEOUT_S)
+                hello = conn.recv(len(token) + 4, socket.MSG_WAITALL)
+                peer = struct.unpack("!i", hello[-4:])[0] if len(hello) == len(token) + 4 else -1
+                if hello[:len(token)] != token or not 0 <= peer < self.rank:
+                    conn.close()  # not one of ours
+                    continue
+                self._conns[peer] = conn
+        except OSError as exc:
+            errors.append(MeshError(f"rank {self.rank} waited for its lower ranks to "
+                                    f"connect: {exc}"))
+
+    def exchange(self, sends: dict[int, np.ndarray], recvs: dict[int, np.ndarray]) -> None:
+        """Send ``sends[peer]`` to each peer while receiving exactly ``recvs[peer].nbytes``
+        bytes from each peer into it; returns when all are done. Every message must be
+        matched by the peer's call with the same sizes."""
+        jobs = [(self._senders[p], functools.partial(_send_all, self._conns[p],
+                                                     _bytes_view(a), p))
+                for p, a in sends.items() if a.nbytes]
+        jobs += [(self._receivers[p], functools.partial(_recv_exactly, self._conns[p],
+                                                        _bytes_view(a), p))
+                 for p, a in recvs.items() if a.nbytes]
+        if not jobs:
+            return
+        done = _Countdown(len(jobs))
+        for worker, job in jobs:
+            worker.submit(job, done)
+        done.wait()
+        if done.error is not None:
+            if isinstance(done.error, MeshError):
+                raise done.error
+            raise MeshError(f"TCP mesh exchange on rank {self.rank} failed: {done.error!r}")
+
+    def close(self) -> None:
+        """Stop the workers and close every connection (idempotent)."""
+        for worker in [*self._senders.values(), *self._receivers.values()]:
+            worker.stop()
+        self._senders.clear()
+        self._receivers.clear()
+        for conn in self._conns.values():
+            try:
+                conn.close()
+            except OSError:
+                pass
+        self._conns.clear()
+

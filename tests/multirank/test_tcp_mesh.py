@@ -1,0 +1,113 @@
+"""The TCP mesh on real ranks: all-to-all and all-gather with uneven and zero counts equal
+MPI's byte for byte on 2-5 ranks; ``DLCOMM_TCP_MESH=off`` leaves every rank on MPI and a bad
+value is refused; a rank that closes its connections makes the others fail with an error
+naming it, not hang."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mpi_run import run_mpi
+
+EXCHANGES = r"""
+import json, sys
+import numpy as np
+from mpi4py import MPI
+from dlcomm.comm.mesh_communicator import mesh_communicator
+from dlcomm.comm.mpi_backend import MPICommunicator
+
+comm = MPICommunicator(MPI.COMM_WORLD)
+p, r = comm.size, comm.rank
+mesh = mesh_communicator(comm)
+failures = []
+rng = np.random.default_rng(r)
+count_lists = [[3] * p, [(3 * i + 1) % 5 for i in range(p)], [0] * p,
+               [0] * (p - 1) + [100_003], [1000 + 7 * i for i in range(p)]]
+for counts in count_lists:
+    for dtype in (np.float16, np.float32, np.int64):
+        mine = rng.integers(-100, 100, counts[r]).astype(dtype)
+        want = np.empty(sum(counts), dtype)
+        comm.allgatherv(mine, want, counts)
+        got = np.full_like(want, 7)
+        mesh.allgatherv(mine, got, counts)
+        if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+            failures.append(f"allgatherv counts={counts} {np.dtype(dtype)}")
+        # all-to-all: rank r sends counts[(r + j) % p] elements to rank j
+        send_counts = [counts[(r + j) % p] for j in range(p)]
+        recv_counts = [counts[(j + r) % p] for j in range(p)]
+        send = rng.integers(-100, 100, sum(send_counts)).astype(dtype)
+        want = np.empty(sum(recv_counts), dtype)
+        comm.alltoallv(send, send_counts, want, recv_counts)
+        got = np.full_like(want, 7)
+        mesh.alltoallv(send, send_counts, got, recv_counts)
+        if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+            failures.append(f"alltoallv counts={counts} {np.dtype(dtype)}")
+with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+    json.dump(failures, f)
+"""
+
+
+@pytest.mark.parametrize("np_ranks", [2, 3, 4, 5])
+def test_mesh_exchanges_equal_mpi(np_ranks: int, tmp_path: Path) -> None:
+    run_mpi(np_ranks, EXCHANGES, tmp_path, timeout=120, args=[str(tmp_path)])
+    for rank in range(np_ranks):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == []
+
+
+SETTINGS = r"""
+import json, sys
+from mpi4py import MPI
+from dlcomm.comm.mesh_communicator import mesh_communicator
+from dlcomm.comm.mpi_backend import MPICommunicator
+
+comm = MPICommunicator(MPI.COMM_WORLD)
+out = {"off": mesh_communicator(comm, {"DLCOMM_TCP_MESH": "off"}) is None,
+       "self": mesh_communicator(MPICommunicator(MPI.COMM_SELF)) is None}
+try:
+    mesh_communicator(comm, {"DLCOMM_TCP_MESH": "yes"})
+except ValueError as exc:
+    out["bad"] = str(exc)
+with open(f"{sys.argv[1]}/rank{comm.rank}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_off_and_bad_values(tmp_path: Path) -> None:
+    run_mpi(2, SETTINGS, tmp_path, timeout=60, args=[str(tmp_path)])
+    for rank in range(2):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert out["off"] and out["self"]
+        assert "DLCOMM_TCP_MESH must be 'auto' or 'off', got 'yes'" in out["bad"]
+
+
+PEER_GONE = r"""
+import json, sys
+import numpy as np
+from mpi4py import MPI
+from dlcomm.comm.mesh_communicator import mesh_communicator
+from dlcomm.comm.mpi_backend import MPICommunicator
+from dlcomm.comm.tcp_mesh import MeshError
+
+comm = MPICommunicator(MPI.COMM_WORLD)
+mesh = mesh_communicator(comm)
+comm.barrier()
+error = None
+if comm.rank == 1:
+    mesh.free()  # closes its connections: the others are mid-exchange with it
+else:
+    buf = np.zeros(1 << 20, np.float32)
+    try:
+        mesh.allgatherv(buf[:1000], np.empty(1000 * comm.size, np.float32), [1000] * comm.size)
+    except MeshError as exc:
+        error = str(exc)
+with open(f"{sys.argv[1]}/rank{comm.rank}.json", "w") as f:
+    json.dump(error, f)
+"""
+
+
+def test_a_peer_that_closes_gives_an_error_not_a_hang(tmp_path: Path) -> None:
+    run_mpi(3, PEER_GONE, tmp_path, timeout=60, args=[str(tmp_path)])
+    for rank in (0, 2):
+        error = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert error is not None and "rank 1 closed its TCP connection" in error
