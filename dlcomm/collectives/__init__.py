@@ -52,6 +52,7 @@ _EXPORTS = {
     "ring_allgather": "ring",
     "ring_allreduce": "ring",
     "ring_reduce_scatter": "ring",
+    "ring_tcp_allreduce": "ring",
     "binomial_broadcast": "tree",
     "binomial_reduce": "tree",
     "tree_allreduce": "tree",

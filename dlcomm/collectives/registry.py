@@ -24,7 +24,7 @@ from dlcomm.collectives.ordered import (
     ordered_tcp_reduce_scatter,
 )
 from dlcomm.collectives.pipelined import pipelined_allreduce
-from dlcomm.collectives.ring import ring_allreduce
+from dlcomm.collectives.ring import ring_allreduce, ring_tcp_allreduce
 from dlcomm.collectives.selection import auto_allreduce, fastest_allreduce
 from dlcomm.collectives.tree import tree_allreduce
 from dlcomm.ops import ReduceOp
@@ -40,6 +40,7 @@ ALLREDUCE_ALGORITHMS: dict[str, AllreduceAlgorithm] = {
     "pipelined": pipelined_allreduce,
     "mpi": mpi_allreduce,
     "ring": ring_allreduce,
+    "ring_tcp": ring_tcp_allreduce,
     "rhd": rhd_allreduce,
     "tree": tree_allreduce,
     "hierarchical": hierarchical_allreduce,

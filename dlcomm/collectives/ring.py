@@ -22,6 +22,7 @@ from dlcomm.collectives.buffers import (
 from dlcomm.collectives.chunking import displacements, equal_counts, validate_counts
 from dlcomm.collectives.reduction import reduce_into, reduction_ufunc
 from dlcomm.collectives.tags import CollectiveTag
+from dlcomm.comm.mesh_communicator import mesh_communicator
 from dlcomm.ops import ReduceOp
 
 
@@ -169,3 +170,16 @@ def ring_allgather(
         np.copyto(own, send)
     ring_allgather_inplace(comm, recv, offsets)
     return recv
+
+
+@raise_collective_errors
+def ring_tcp_allreduce(
+    comm: CommLike,
+    sendbuf: np.ndarray,
+    recvbuf: np.ndarray,
+    op: ReduceOp | str = ReduceOp.SUM,
+) -> np.ndarray:
+    """``ring_allreduce`` with its messages over the communicator's TCP mesh
+    (``dlcomm.comm.tcp_mesh``; over MPI when the mesh is off or unavailable)."""
+    comm = check_comm(comm)
+    return ring_allreduce(mesh_communicator(comm) or comm, sendbuf, recvbuf, op)

@@ -48,14 +48,15 @@ from dlcomm.collectives.pipelined import (
     segment_bytes_from_env,
 )
 from dlcomm.collectives.reduction import reduction_ufunc
-from dlcomm.collectives.ring import ring_allreduce
+from dlcomm.collectives.ring import ring_allreduce, ring_tcp_allreduce
 from dlcomm.comm.mesh_communicator import mesh_communicator
 from dlcomm.ops import ReduceOp
 
 # Bump when an algorithm or the probe changes, so cached models of the old code are ignored.
 MODEL_VERSION = 2
 DETERMINISTIC_CANDIDATES = ("ordered", "pipelined", "ordered_tcp")
-ANY_CANDIDATES = ("ordered", "pipelined", "ordered_tcp", "mpi", "ring", "rhd", "hierarchical")
+ANY_CANDIDATES = ("ordered", "pipelined", "ordered_tcp", "mpi", "ring", "ring_tcp", "rhd",
+                  "hierarchical")
 PROBE_SIZES = (8 << 10, 256 << 10, 4 << 20)  # bytes of float32
 PROBE_REPEATS = (7, 5, 3)  # timed calls per size: more where one call is quick and noisy
 MODEL_CACHE_ENV = "DLCOMM_ALLREDUCE_MODEL_CACHE"
@@ -72,7 +73,8 @@ def _candidate_functions(segment_bytes: int) -> dict[str, Algorithm]:
 
     return {"ordered": ordered_allreduce, "pipelined": pipelined,
             "ordered_tcp": ordered_tcp_allreduce, "mpi": mpi_allreduce,
-            "ring": ring_allreduce, "rhd": rhd_allreduce, "hierarchical": hierarchical_allreduce}
+            "ring": ring_allreduce, "ring_tcp": ring_tcp_allreduce, "rhd": rhd_allreduce,
+            "hierarchical": hierarchical_allreduce}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,8 +262,8 @@ class AutoAllreduce:
         hosts = self.comm.allgather(socket.gethostname())
         names = [c for c in candidates if c != "hierarchical"
                  or 1 < len(set(hosts)) < len(hosts)]  # it needs hosts with several ranks
-        if "ordered_tcp" in names and mesh_communicator(self.comm, environ) is None:
-            names.remove("ordered_tcp")  # DLCOMM_TCP_MESH=off, or a rank could not connect
+        if mesh_communicator(self.comm, environ) is None:  # off, or a rank could not connect
+            names = [c for c in names if c not in ("ordered_tcp", "ring_tcp")]
         unknown = sorted(set(names) - set(functions))
         if unknown:
             raise ValueError(f"unknown candidate all-reduce(s) {unknown}")

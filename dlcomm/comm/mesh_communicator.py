@@ -1,6 +1,7 @@
-"""An ``MPICommunicator`` whose all-to-all and all-gather travel over a ``TcpMesh``.
+"""An ``MPICommunicator`` whose all-to-all, all-gather and blocking point-to-point messages
+travel over a ``TcpMesh``.
 
-Everything else (barriers, broadcasts, the negotiation, small values) stays on MPI. The
+Everything else (barriers, broadcasts, non-blocking messages, small values) stays on MPI. The
 collective algorithms run on it unchanged: ``ordered`` over this communicator sends the same
 blocks and reduces them in the same rank order as over MPI, so it gives the same bits, only
 over connections that keep the links busy (``tcp_mesh``).
@@ -56,6 +57,18 @@ class MeshCommunicator(MPICommunicator):
         others = [p for p in range(self.size) if p != me]
         self.mesh.exchange({p: sendbuf for p in others},
                            {p: recvbuf[at[p]:at[p] + counts[p]] for p in others})
+
+    def sendrecv_into(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int,
+                      tag: int) -> None:
+        """Send to ``dest`` while receiving from ``source`` (messages between two ranks
+        arrive in the order sent, so ``tag`` needs no matching)."""
+        self.mesh.exchange({dest: sendbuf}, {source: recvbuf})
+
+    def send(self, buf: np.ndarray, dest: int, tag: int) -> None:
+        self.mesh.exchange({dest: buf}, {})
+
+    def recv(self, buf: np.ndarray, source: int, tag: int) -> None:
+        self.mesh.exchange({}, {source: buf})
 
     def free(self) -> None:
         """Close the mesh; the MPI communicator belongs to ``base``'s owner."""

@@ -40,8 +40,8 @@ hier2_tree = HierarchicalAllreduce(
 )
 assert hier2.host_count == (p + 1) // 2 and hier3.host_count == (p + 2) // 3
 ALGS = {name: get_allreduce_algorithm(name)
-        for name in ("ordered", "ordered_tcp", "auto", "ring", "rhd", "tree", "hierarchical",
-                     "fastest")}
+        for name in ("ordered", "ordered_tcp", "auto", "ring", "ring_tcp", "rhd", "tree",
+                     "hierarchical", "fastest")}
 # Segments of 64 bytes: many segments per block (up to the cap) at these sizes.
 ALGS["pipelined/64B"] = lambda c, s, o, op: pipelined_allreduce(c, s, o, op,
                                                                 allreduce_segment_bytes=64)
@@ -286,8 +286,8 @@ def raises(kind, fragment, func, *args, **kwargs):
         raise AssertionError(f"{func.__name__}{args} did not raise {kind.__name__}")
 
 
-raises(ValueError, "valid names: auto, ordered, ordered_tcp, pipelined, mpi, ring, rhd, tree, "
-       "hierarchical, fastest (also native = mpi)", get_allreduce_algorithm, "butterfly")
+raises(ValueError, "valid names: auto, ordered, ordered_tcp, pipelined, mpi, ring, ring_tcp, "
+       "rhd, tree, hierarchical, fastest (also native = mpi)", get_allreduce_algorithm, "butterfly")
 raises(TypeError, "string", get_allreduce_algorithm, 3)
 assert get_allreduce_algorithm(" Ring ") is ring_allreduce
 assert algorithm_from_env({}) is auto_allreduce
@@ -296,8 +296,8 @@ assert algorithm_from_env({"DLCOMM_ALLREDUCE_ALGORITHM": "native"}) is native_al
 assert algorithm_from_env({"DLCOMM_ALLREDUCE_ALGORITHM": "rhd"}).__name__ == "rhd_allreduce"
 raises(ValueError, "DLCOMM_ALLREDUCE_ALGORITHM", algorithm_from_env,
        {"DLCOMM_ALLREDUCE_ALGORITHM": "fast"})
-for name in ("auto", "ordered", "ordered_tcp", "pipelined", "native", "ring", "rhd", "tree",
-             "hierarchical", "fastest"):
+for name in ("auto", "ordered", "ordered_tcp", "pipelined", "native", "ring", "ring_tcp", "rhd",
+             "tree", "hierarchical", "fastest"):
     alg = get_allreduce_algorithm(name)
     raises(TypeError, "MPI.Intracomm", alg, "comm", x, x, "sum")
     raises(TypeError, "numpy.ndarray", alg, comm, [0.0] * 4, x, "sum")
