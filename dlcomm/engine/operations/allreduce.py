@@ -19,6 +19,10 @@ from dlcomm.engine.operations.base import EngineState, Item, Operation
 from dlcomm.engine.request import Request
 from dlcomm.ops import ReduceOp
 
+# A tensor this large is all-reduced on its own rather than packed into the fusion buffer:
+# its start-up cost is small next to the two copies packing would add.
+SOLO_TENSOR_BYTES = 4 << 20
+
 
 class DenseAllreduce(Operation):
     batched = True
@@ -99,7 +103,22 @@ class DenseAllreduce(Operation):
 
     def _fused(self, comm: Any, inputs: list[Any], outputs: list[Any], pre: list[float],
                post: list[float], op: ReduceOp, names: list[str], dtype: np.dtype) -> None:
-        """Several tensors with outputs: pack, reduce the buffer in place, unpack."""
+        """Several tensors with outputs: each large one reduced straight into its output
+        (packing it would copy it twice to save one start-up cost), the rest packed,
+        reduced in place and unpacked. Every rank splits alike (the sizes are negotiated);
+        ``auto``'s rank-order bits do not depend on the split."""
+        solo = [i for i, x in enumerate(inputs) if x.nbytes >= SOLO_TENSOR_BYTES]
+        if solo:
+            for i in solo:
+                self._single(comm, inputs[i], outputs[i], pre[i], post[i], op, names[0])
+            rest = [i for i in range(len(inputs)) if i not in set(solo)]
+            if len(rest) == 1:
+                i = rest[0]
+                self._single(comm, inputs[i], outputs[i], pre[i], post[i], op, names[0])
+            if len(rest) < 2:
+                return
+            inputs, outputs = [inputs[i] for i in rest], [outputs[i] for i in rest]
+            pre, post = [pre[i] for i in rest], [post[i] for i in rest]
         timeline, rows = self.state.timeline, self._names(names)
         total = sum(a.size for a in inputs)
         with timeline.phase(rows, "fuse", {"tensors": len(inputs),
