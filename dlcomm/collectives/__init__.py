@@ -36,6 +36,7 @@ _EXPORTS = {
     "AutoAllreduce": "selection",
     "CostModel": "selection",
     "auto_allreduce": "selection",
+    "auto_reduce_scatter": "selection",
     "built_model": "selection",
     "cached_auto_allreduce": "selection",
     "fastest_allreduce": "selection",

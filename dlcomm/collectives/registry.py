@@ -25,7 +25,7 @@ from dlcomm.collectives.ordered import (
 )
 from dlcomm.collectives.pipelined import pipelined_allreduce
 from dlcomm.collectives.ring import ring_allreduce, ring_tcp_allreduce
-from dlcomm.collectives.selection import auto_allreduce, fastest_allreduce
+from dlcomm.collectives.selection import auto_allreduce, auto_reduce_scatter, fastest_allreduce
 from dlcomm.collectives.tree import tree_allreduce
 from dlcomm.ops import ReduceOp
 
@@ -53,7 +53,7 @@ ALIASES = {"native": "mpi"}  # earlier names, still accepted
 # rank-order algorithm pairs with ordered's, so a reduce-scatter + all-gather (DeAR) gives
 # the all-reduce's bits.
 REDUCE_SCATTERS: dict[str, ReduceScatterAlgorithm] = {
-    "auto": ordered_reduce_scatter, "ordered": ordered_reduce_scatter,
+    "auto": auto_reduce_scatter, "ordered": ordered_reduce_scatter,
     "pipelined": ordered_reduce_scatter, "ordered_tcp": ordered_tcp_reduce_scatter}
 
 

@@ -41,7 +41,12 @@ from dlcomm.collectives.buffers import CommLike, check_comm, check_send_recv_pai
 from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.hierarchical import hierarchical_allreduce
 from dlcomm.collectives.mpi_allreduce import mpi_allreduce
-from dlcomm.collectives.ordered import ordered_allreduce, ordered_tcp_allreduce
+from dlcomm.collectives.ordered import (
+    ordered_allreduce,
+    ordered_reduce_scatter,
+    ordered_tcp_allreduce,
+    ordered_tcp_reduce_scatter,
+)
 from dlcomm.collectives.pipelined import (
     check_segment_bytes,
     pipelined_allreduce,
@@ -326,6 +331,19 @@ def auto_allreduce(comm: CommLike, sendbuf: np.ndarray, recvbuf: np.ndarray,
     for this size: ``ordered``'s bits either way. The first call on a communicator measures
     (or reads the cached model). Returns ``recvbuf``."""
     return _checked(comm, sendbuf, recvbuf, op, DETERMINISTIC_CANDIDATES)
+
+
+def auto_reduce_scatter(comm: CommLike, sendbuf: np.ndarray, recvbuf: np.ndarray,
+                        counts: Sequence[int], op: ReduceOp | str = ReduceOp.SUM) -> np.ndarray:
+    """``auto``'s reduce-scatter: rank-order bits like its all-reduce, over the TCP mesh
+    where the cost model sends an all-reduce of the same bytes there (known once ``auto``
+    ran on ``comm``; every rank holds the same model, so all choose alike), else over
+    MPI. Returns ``recvbuf``."""
+    model = built_model(comm)
+    nbytes = int(np.asarray(sendbuf).nbytes)
+    if model is not None and model.choose(nbytes) in ("ordered_tcp", "ring_tcp"):
+        return ordered_tcp_reduce_scatter(comm, sendbuf, recvbuf, counts, op)
+    return ordered_reduce_scatter(comm, sendbuf, recvbuf, counts, op)
 
 
 def fastest_allreduce(comm: CommLike, sendbuf: np.ndarray, recvbuf: np.ndarray,

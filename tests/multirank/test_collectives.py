@@ -20,9 +20,9 @@ import sys
 import numpy as np
 from mpi4py import MPI
 from dlcomm.collectives import (
-    HierarchicalAllreduce, binomial_broadcast, binomial_reduce, get_allreduce_algorithm,
-    ordered_reduce_scatter, ordered_tcp_reduce_scatter, pipelined_allreduce, ring_allgather,
-    ring_reduce_scatter,
+    HierarchicalAllreduce, auto_reduce_scatter, binomial_broadcast, binomial_reduce,
+    get_allreduce_algorithm, ordered_reduce_scatter, ordered_tcp_reduce_scatter,
+    pipelined_allreduce, ring_allgather, ring_reduce_scatter,
 )
 from dlcomm.comm.mpi_backend import mpi_op
 
@@ -133,6 +133,7 @@ for counts in COUNT_LISTS:
             x_before = x.copy()
             for name, reduce_scatter in (("ring", ring_reduce_scatter),
                                          ("ordered_tcp", ordered_tcp_reduce_scatter),
+                                         ("auto", auto_reduce_scatter),
                                          ("ordered", ordered_reduce_scatter)):
                 out = np.full(counts[r], 7, dtype=dtype)
                 res = reduce_scatter(comm, x, out, counts, op)
