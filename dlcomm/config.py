@@ -113,16 +113,25 @@ KNOBS: tuple[Knob, ...] = (
          "Build the native kernels during pip install (0 skips; numpy is used instead).",
          where="setup.py"),
     Knob("allreduce_algorithm", "auto", str,
-         "All-reduce algorithm of dlcomm.collectives: auto (ordered or pipelined, chosen per "
-         "message size by a cost model measured at the first all-reduce; both reduce every "
-         "element in rank order, so all-reduce and reduce-scatter + all-gather give the same "
-         "bits and every schedule the same model; the engine's reduce-scatter follows it), "
-         "ordered (MPI's all-to-all, a rank-order reduction, MPI's all-gather), pipelined "
-         "(the same bits, segments sent, reduced and returned overlapped), fastest (auto's "
-         "choice among every algorithm, mpi/ring/rhd/hierarchical included: results then "
-         "depend on message size and fusion, equal to float tolerance only), mpi (MPI's own; "
-         "'native' is accepted too), ring, rhd, tree, hierarchical (see docs/collectives.md).",
+         "All-reduce algorithm of dlcomm.collectives: auto (ordered, ordered_tcp or "
+         "pipelined, chosen per message size by a cost model measured at the first "
+         "all-reduce; all reduce every element in rank order, so all-reduce and "
+         "reduce-scatter + all-gather give the same bits and every schedule the same model; "
+         "the engine's reduce-scatter follows it), ordered (MPI's all-to-all, a rank-order "
+         "reduction, MPI's all-gather), ordered_tcp (the same over a TCP mesh whose threads "
+         "keep the links busy; see tcp_mesh), pipelined (the same bits, segments sent, "
+         "reduced and returned overlapped), fastest (auto's choice among every algorithm, "
+         "mpi/ring/ring_tcp/rhd/hierarchical included: results then depend on message size "
+         "and fusion, equal to float tolerance only), mpi (MPI's own; 'native' is accepted "
+         "too), ring, ring_tcp (the ring over the TCP mesh), rhd, tree, hierarchical (see "
+         "docs/collectives.md).",
          where="get_allreduce_algorithm"),
+    Knob("tcp_mesh", "auto", str,
+         "'auto': the ranks connect to each other over TCP at the first all-reduce and the "
+         "cost model may send all-reduces over those connections (ordered_tcp, ring_tcp) "
+         "where they beat MPI's own transport; 'off': everything stays on MPI (for networks "
+         "where extra TCP ports are not allowed).",
+         where="mesh_communicator"),
     Knob("allreduce_segment_bytes", 1 << 20, parse_bytes,
          "Largest message of the pipelined all-reduce (suffixes k, M allowed); raised where a "
          "block would have more than 32 segments. The same on every rank.",
