@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm import array_api
 from dlcomm.bfloat16 import bf16_bits_to_float, float_to_bf16_bits
 
 ABI_VERSION = 1
@@ -200,6 +201,31 @@ def float16_add_(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     else:
         np.add(a, b, out=b)
     return b
+
+
+_SCALE_BLOCK = 1 << 18  # float16 elements converted per float32 staging block (1 MiB)
+
+
+def scale_into(src: Any, factor: float, out: Any) -> None:
+    """``array_api.scale_into`` (``out = src * factor``, float16 computed in float32 and
+    rounded once), with float16 numpy arrays converted by the native kernels block by
+    block: numpy's own float16 casts made scaling a 19 MB gradient cost 100-270 ms."""
+    if (isinstance(src, np.ndarray) and isinstance(out, np.ndarray) and _LIB is not None
+            and src.dtype == np.float16 and out.dtype == np.float16
+            and src.shape == out.shape and src.flags.c_contiguous and out.flags.c_contiguous
+            and out.flags.writeable
+            and (src.ctypes.data == out.ctypes.data or not np.shares_memory(src, out))):
+        flat_src, flat_out = src.reshape(-1), out.reshape(-1)
+        f = np.float32(factor)
+        staging = np.empty(min(flat_src.size, _SCALE_BLOCK), dtype=np.float32)
+        for lo in range(0, flat_src.size, _SCALE_BLOCK):
+            hi = min(lo + _SCALE_BLOCK, flat_src.size)
+            block = staging[:hi - lo]
+            _LIB.dlc_f16_to_f32(_ptr(flat_src[lo:hi]), _ptr(block), hi - lo)
+            np.multiply(block, f, out=block)
+            _LIB.dlc_f32_to_f16(_ptr(block), _ptr(flat_out[lo:hi]), hi - lo)
+        return
+    array_api.scale_into(src, factor, out)
 
 
 # ---- bfloat16 (uint16 bit patterns) --------------------------------------------------------

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.array_api import array_namespace, scale_into
+from dlcomm.array_api import array_namespace
+from dlcomm.kernels import scale_into
 
 
 def plan_fusion(nbytes: Sequence[int], keys: Sequence[Hashable], threshold: int) -> list[list[int]]:

@@ -120,6 +120,26 @@ def test_float16_add_special_pairs_and_large(simd):
         assert same_bits(native.float16_add_(x, y.copy()), expected)
 
 
+@needs_library
+@pytest.mark.parametrize("factor", [0.25, 1 / 3, 3.0, 1e4, -0.5, 1e-8])
+def test_float16_scale_equals_the_numpy_reference(simd, factor):
+    """kernels.scale_into gives array_api.scale_into's bits on float16 (every bit pattern,
+    NaN/inf/subnormals included, and a size past one staging block), in place and not."""
+    from dlcomm.array_api import scale_into as reference
+
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    for x in (every, random_bits(np.float16, 3 * (1 << 18) + 5, 4)):
+        want = np.empty_like(x)
+        with np.errstate(all="ignore"):
+            reference(x, factor, want)
+            got = np.full_like(x, 7)
+            native.scale_into(x, factor, got)
+            assert same_bits(got, want)
+            inplace = x.copy()
+            native.scale_into(inplace, factor, inplace)
+            assert same_bits(inplace, want)
+
+
 # ---- bfloat16 -------------------------------------------------------------------------------
 @needs_library
 @SETTINGS

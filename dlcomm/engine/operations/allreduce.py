@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.array_api import array_namespace, scale_into
+from dlcomm.array_api import array_namespace
 from dlcomm.engine import fusion
 from dlcomm.engine.operations.base import EngineState, Item, Operation
 from dlcomm.engine.request import Request
+from dlcomm.kernels import scale_into
 from dlcomm.ops import ReduceOp
 
 # A tensor this large is all-reduced on its own rather than packed into the fusion buffer:

@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.array_api import array_namespace, scale_into
+from dlcomm.array_api import array_namespace
 from dlcomm.compression.exchange import compressed_allreduce, run_rounds
 from dlcomm.engine import fusion
 from dlcomm.engine.negotiation import Response
 from dlcomm.engine.operations.base import EngineState, Item, Operation
 from dlcomm.engine.request import Request
+from dlcomm.kernels import scale_into
 from dlcomm.ops import ReduceOp
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dlcomm.array_api import array_namespace, scale_into
+from dlcomm.array_api import array_namespace
 from dlcomm.engine.negotiation import Response
 from dlcomm.engine.operations.base import EngineState, PerResponse
 from dlcomm.engine.request import Request
+from dlcomm.kernels import scale_into
 from dlcomm.ops import ReduceOp
 
 
