@@ -198,7 +198,9 @@ sys.exit(1 if failures else 0)
 """
 
 
-@pytest.mark.parametrize("np_ranks", range(1, 9))
+# 1-5 ranks (every split of the house rules) and 8, a power of two past them; 6 and 7 added
+# 25 s to every CI run and no case 5 and 8 miss.
+@pytest.mark.parametrize("np_ranks", [1, 2, 3, 4, 5, 8])
 def test_every_algorithm_equals_native(np_ranks, tmp_path):
     """Ring, RHD, tree, hierarchical, reduce-scatter, all-gather, broadcast equal MPI's."""
     proc = run_mpi(np_ranks, EQUALS_NATIVE, tmp_path, timeout=150)
