@@ -18,6 +18,7 @@ instead of two) and reduced in the same order, so the choice does not change the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -123,6 +124,12 @@ def ordered_allreduce(
     return recv
 
 
+# The TCP mesh's ordered all-reduce cuts every block into segments of about this many bytes
+# (at most MESH_SEGMENTS), so all-gathering the first segments overlaps scattering the rest.
+MESH_SEGMENT_BYTES = 1 << 20
+MESH_SEGMENTS = 16
+
+
 @raise_collective_errors
 def ordered_tcp_allreduce(
     comm: CommLike,
@@ -130,11 +137,57 @@ def ordered_tcp_allreduce(
     recvbuf: np.ndarray,
     op: ReduceOp | str = ReduceOp.SUM,
 ) -> np.ndarray:
-    """``ordered_allreduce`` with its all-to-all and all-gather over the communicator's TCP
-    mesh (``dlcomm.comm.tcp_mesh``; built collectively on first use): the same bits, sent
-    by threads that keep the links busy. Over MPI when the mesh is off or unavailable."""
+    """``ordered_allreduce`` over the communicator's TCP mesh (``dlcomm.comm.tcp_mesh``;
+    built collectively on first use): the same bits, sent by threads that keep the links
+    busy, with the all-to-all and the all-gather pipelined segment by segment. Over MPI when
+    the mesh is off or unavailable."""
     comm = check_comm(comm)
-    return ordered_allreduce(mesh_communicator(comm) or comm, sendbuf, recvbuf, op)
+    ufunc = reduction_ufunc(op)
+    mesh = mesh_communicator(comm)
+    send, recv = check_send_recv_pair(sendbuf, recvbuf)
+    if mesh is None or recv.size == 0 or send.nbytes * comm.size <= SMALL_GATHER_BYTES:
+        return ordered_allreduce(mesh or comm, sendbuf, recvbuf, op)
+    _pipelined_over_mesh(mesh, send, recv, ufunc)
+    return recv
+
+
+def _pipelined_over_mesh(mesh: Any, send: np.ndarray, recv: np.ndarray,
+                         ufunc: np.ufunc) -> None:
+    """Scatter every segment at once; reduce each as it arrives (in rank order) and queue
+    its all-gather behind the scatter on every connection. Each connection carries its
+    messages in order, so the all-gathered segments follow the scattered ones and the links
+    stay busy across the two phases. In place is safe: a peer all-gathers a segment of its
+    block only after it received this rank's copy of that segment."""
+    size, rank = mesh.size, mesh.rank
+    counts = equal_counts(send.size, size)
+    offsets = displacements(counts)
+    segments = max(1, min(MESH_SEGMENTS, -(-max(counts) * send.itemsize // MESH_SEGMENT_BYTES)))
+
+    def cut(block: int, i: int) -> int:  # start of segment i of ``block`` (the same everywhere)
+        return offsets[block] + counts[block] * i // segments
+
+    mine = counts[rank]
+    peers = [p for p in range(size) if p != rank]
+    copies = np.empty((size, mine), dtype=send.dtype)  # copies[j]: rank j's block ``rank``
+    copies[rank] = send[offsets[rank]:offsets[rank + 1]]
+    scattered = []
+    for i in range(segments):
+        lo, hi = cut(rank, i) - offsets[rank], cut(rank, i + 1) - offsets[rank]
+        scattered.append(mesh.start_exchange(
+            [(p, send[cut(p, i):cut(p, i + 1)]) for p in peers],
+            [(p, copies[p, lo:hi]) for p in peers]))
+    gathered = mesh.start_exchange(
+        [], [(p, recv[cut(p, i):cut(p, i + 1)]) for i in range(segments) for p in peers])
+    result = recv[offsets[rank]:offsets[rank + 1]]
+    sent = []
+    for i, transfer in enumerate(scattered):
+        transfer.wait()
+        lo, hi = cut(rank, i) - offsets[rank], cut(rank, i + 1) - offsets[rank]
+        reduce_in_rank_order(copies[:, lo:hi], result[lo:hi], ufunc)
+        sent.append(mesh.start_exchange([(p, result[lo:hi]) for p in peers], []))
+    for transfer in sent:
+        transfer.wait()
+    gathered.wait()
 
 
 @raise_collective_errors

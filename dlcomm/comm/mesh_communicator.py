@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from dlcomm.comm.mpi_backend import MPICommunicator
-from dlcomm.comm.tcp_mesh import MeshError, TcpMesh
+from dlcomm.comm.tcp_mesh import MeshError, TcpMesh, Transfer
 
 TCP_MESH_ENV = "DLCOMM_TCP_MESH"  # "auto" (default): offered to the cost model; "off": never
 
@@ -69,6 +69,11 @@ class MeshCommunicator(MPICommunicator):
 
     def recv(self, buf: np.ndarray, source: int, tag: int) -> None:
         self.mesh.exchange({}, {source: buf})
+
+    def start_exchange(self, sends: list[tuple[int, np.ndarray]],
+                       recvs: list[tuple[int, np.ndarray]]) -> Transfer:
+        """``TcpMesh.start``: queue messages now, ``wait()`` later (pipelined algorithms)."""
+        return self.mesh.start(sends, recvs)
 
     def free(self) -> None:
         """Close the mesh; the MPI communicator belongs to ``base``'s owner."""

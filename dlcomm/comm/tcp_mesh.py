@@ -120,6 +120,22 @@ class _Countdown:
                 self._cond.wait()
 
 
+class Transfer:
+    """Messages queued by ``TcpMesh.start``; ``wait()`` returns once all completed, or
+    raises the first failure as ``MeshError``."""
+
+    def __init__(self, done: _Countdown, rank: int) -> None:
+        self._done, self._rank = done, rank
+
+    def wait(self) -> None:
+        self._done.wait()
+        error = self._done.error
+        if error is not None:
+            if isinstance(error, MeshError):
+                raise error
+            raise MeshError(f"TCP mesh exchange on rank {self._rank} failed: {error!r}")
+
+
 def _recv_exactly(conn: socket.socket, view: memoryview, peer: int) -> None:
     got, total = 0, len(view)
     while got < total:
@@ -224,22 +240,24 @@ class TcpMesh:
         """Send ``sends[peer]`` to each peer while receiving exactly ``recvs[peer].nbytes``
         bytes from each peer into it; returns when all are done. Every message must be
         matched by the peer's call with the same sizes."""
+        self.start(list(sends.items()), list(recvs.items())).wait()
+
+    def start(self, sends: Sequence[tuple[int, np.ndarray]],
+              recvs: Sequence[tuple[int, np.ndarray]]) -> Transfer:
+        """Queue ``(peer, array)`` sends and receives without waiting: each connection
+        carries its messages in the order queued (across calls too), so a caller may queue
+        the next messages before these completed. ``wait()`` the returned transfer before
+        touching its arrays."""
         jobs = [(self._senders[p], functools.partial(_send_all, self._conns[p],
                                                      _bytes_view(a), p))
-                for p, a in sends.items() if a.nbytes]
+                for p, a in sends if a.nbytes]
         jobs += [(self._receivers[p], functools.partial(_recv_exactly, self._conns[p],
                                                         _bytes_view(a), p))
-                 for p, a in recvs.items() if a.nbytes]
-        if not jobs:
-            return
+                 for p, a in recvs if a.nbytes]
         done = _Countdown(len(jobs))
         for worker, job in jobs:
             worker.submit(job, done)
-        done.wait()
-        if done.error is not None:
-            if isinstance(done.error, MeshError):
-                raise done.error
-            raise MeshError(f"TCP mesh exchange on rank {self.rank} failed: {done.error!r}")
+        return Transfer(done, self.rank)
 
     def close(self) -> None:
         """Stop the workers and close every connection (idempotent)."""
