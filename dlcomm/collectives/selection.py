@@ -17,7 +17,8 @@ machines skip the measurement.
   bit-identical models (docs/collectives.md).
 
 A message is predicted to take the time measured at the nearest probe sizes (interpolated in
-log-log), and above the largest probe that time plus the fitted per-byte cost of the rest.
+log-log), and above the largest probe that time plus the rest at the per-byte cost between
+the two largest probes.
 """
 from __future__ import annotations
 
@@ -146,7 +147,11 @@ class CostModel:
         if nbytes <= sizes[0]:
             return times[0]
         if nbytes >= sizes[-1]:
-            return times[-1] + self.cost(name).beta * (nbytes - sizes[-1])
+            # The marginal cost between the two largest probes: the whole-range fit weighs
+            # the small probes' start-up costs and misjudges large messages.
+            slope = self.cost(name).beta if len(sizes) == 1 else max(
+                0.0, (times[-1] - times[-2]) / (sizes[-1] - sizes[-2]))
+            return times[-1] + slope * (nbytes - sizes[-1])
         i = bisect.bisect_right(sizes, nbytes)
         lo, hi = sizes[i - 1], sizes[i]
         f = (math.log(nbytes) - math.log(lo)) / (math.log(hi) - math.log(lo))
