@@ -14,18 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm.comm.mpi_backend import MPICommunicator
+from dlcomm.comm.mpi_backend import MPICommunicator, _displacements
 from dlcomm.comm.tcp_mesh import MeshError, TcpMesh, Transfer
 
 TCP_MESH_ENV = "DLCOMM_TCP_MESH"  # "auto" (default): offered to the cost model; "off": never
-
-
-def _offsets(counts: list[int]) -> list[int]:
-    out, total = [], 0
-    for c in counts:
-        out.append(total)
-        total += c
-    return out
 
 
 class MeshCommunicator(MPICommunicator):
@@ -40,7 +32,7 @@ class MeshCommunicator(MPICommunicator):
 
     def alltoallv(self, sendbuf: np.ndarray, sendcounts: list[int], recvbuf: np.ndarray,
                   recvcounts: list[int]) -> None:
-        send_at, recv_at = _offsets(sendcounts), _offsets(recvcounts)
+        send_at, recv_at = _displacements(sendcounts), _displacements(recvcounts)
         me = self.rank
         recvbuf[recv_at[me]:recv_at[me] + recvcounts[me]] = \
             sendbuf[send_at[me]:send_at[me] + sendcounts[me]]
@@ -50,7 +42,7 @@ class MeshCommunicator(MPICommunicator):
             {p: recvbuf[recv_at[p]:recv_at[p] + recvcounts[p]] for p in others})
 
     def allgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int]) -> None:
-        at, me = _offsets(counts), self.rank
+        at, me = _displacements(counts), self.rank
         mine = recvbuf[at[me]:at[me] + counts[me]]
         if mine.size and not np.shares_memory(mine, sendbuf):
             mine[...] = sendbuf
