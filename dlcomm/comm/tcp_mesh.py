@@ -172,29 +172,26 @@ class TcpMesh:
         self._conns: dict[int, socket.socket] = {}
         self._senders: dict[int, _Worker] = {}
         self._receivers: dict[int, _Worker] = {}
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        error = ""
+        # Every rank makes the same collective calls whatever fails locally (a rank that
+        # skipped one would leave the others waiting): a local failure travels in them.
+        listener, addresses, port, error = None, [], 0, ""
         try:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listener.bind(("", 0))
             listener.listen(max(self.size, 1))
             listener.settimeout(ACCEPT_TIMEOUT_S)
-            token = comm.bcast_object(secrets.token_bytes(16) if self.rank == 0 else None)
-            published = comm.allgather((local_addresses(environ), listener.getsockname()[1]))
-            accepted: list[BaseException] = []
-            acceptor = threading.Thread(target=self._accept_lower,
-                                        args=(listener, token, accepted), daemon=True)
-            acceptor.start()
-            try:
-                for peer in range(self.rank + 1, self.size):
-                    self._conns[peer] = self._connect(peer, *published[peer], token)
-            except MeshError as exc:
-                error = str(exc)
-            acceptor.join(ACCEPT_TIMEOUT_S + 1)
-            if accepted and not error:
-                error = str(accepted[0])
+            port = listener.getsockname()[1]
+            addresses = local_addresses(environ)
+            if not addresses:
+                error = f"rank {self.rank} has no IPv4 address other than loopback"
         except OSError as exc:
-            error = f"rank {self.rank}: {exc}"
-        finally:
+            error = f"rank {self.rank} could not listen: {exc}"
+        token = comm.bcast_object(secrets.token_bytes(16) if self.rank == 0 else None)
+        published = comm.allgather((addresses, port, error))
+        error = next((e for _a, _p, e in published if e), "")
+        if not error:
+            error = self._connect_all(listener, published, token)
+        if listener is not None:
             listener.close()
         errors = [e for e in comm.allgather(error) if e]
         if errors:  # every rank learns that the mesh is unusable, and why
@@ -205,6 +202,24 @@ class TcpMesh:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._senders[peer] = _Worker(f"dlcomm-mesh-send-{peer}")
             self._receivers[peer] = _Worker(f"dlcomm-mesh-recv-{peer}")
+
+    def _connect_all(self, listener: socket.socket, published: list, token: bytes) -> str:
+        """Connect to every higher rank while accepting every lower one; '' or the error."""
+        accepted: list[BaseException] = []
+        acceptor = threading.Thread(target=self._accept_lower,
+                                    args=(listener, token, accepted), daemon=True)
+        acceptor.start()
+        error = ""
+        try:
+            for peer in range(self.rank + 1, self.size):
+                addresses, port, _ = published[peer]
+                self._conns[peer] = self._connect(peer, addresses, port, token)
+        except (MeshError, OSError) as exc:
+            error = str(exc)
+        acceptor.join(ACCEPT_TIMEOUT_S + 1)
+        if accepted and not error:
+            error = str(accepted[0])
+        return error
 
     def _connect(self, peer: int, addresses: Sequence[str], port: int,
                  token: bytes) -> socket.socket:

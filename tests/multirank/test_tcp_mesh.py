@@ -1,7 +1,7 @@
 """The TCP mesh on real ranks: all-to-all and all-gather with uneven and zero counts equal
-MPI's byte for byte on 2-5 ranks; ``DLCOMM_TCP_MESH=off`` leaves every rank on MPI and a bad
-value is refused; a rank that closes its connections makes the others fail with an error
-naming it, not hang."""
+MPI's byte for byte on 2-5 ranks; ``DLCOMM_TCP_MESH=off``, or one rank without a usable
+address, leaves every rank on MPI and a bad value is refused; a rank that closes its
+connections makes the others fail with an error naming it, not hang."""
 from __future__ import annotations
 
 import json
@@ -69,6 +69,9 @@ from dlcomm.comm.mpi_backend import MPICommunicator
 comm = MPICommunicator(MPI.COMM_WORLD)
 out = {"off": mesh_communicator(comm, {"DLCOMM_TCP_MESH": "off"}) is None,
        "self": mesh_communicator(MPICommunicator(MPI.COMM_SELF)) is None}
+# Rank 1 finds no address (no interface in that subnet): every rank stays on MPI, none hangs.
+nowhere = {"OMPI_MCA_btl_tcp_if_include": "203.0.113.0/24"} if comm.rank == 1 else {}
+out["no_address"] = mesh_communicator(MPICommunicator(MPI.COMM_WORLD.Dup()), nowhere) is None
 try:
     mesh_communicator(comm, {"DLCOMM_TCP_MESH": "yes"})
 except ValueError as exc:
@@ -78,11 +81,11 @@ with open(f"{sys.argv[1]}/rank{comm.rank}.json", "w") as f:
 """
 
 
-def test_off_and_bad_values(tmp_path: Path) -> None:
-    run_mpi(2, SETTINGS, tmp_path, timeout=60, args=[str(tmp_path)])
-    for rank in range(2):
+def test_off_bad_values_and_a_rank_without_address(tmp_path: Path) -> None:
+    run_mpi(3, SETTINGS, tmp_path, timeout=60, args=[str(tmp_path)])
+    for rank in range(3):
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert out["off"] and out["self"]
+        assert out["off"] and out["self"] and out["no_address"]
         assert "DLCOMM_TCP_MESH must be 'auto' or 'off', got 'yes'" in out["bad"]
 
 
