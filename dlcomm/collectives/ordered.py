@@ -170,9 +170,10 @@ def _pipelined_over_mesh(mesh: Any, send: np.ndarray, recv: np.ndarray,
     peers = [p for p in range(size) if p != rank]
     copies = np.empty((size, mine), dtype=send.dtype)  # copies[j]: rank j's block ``rank``
     copies[rank] = send[offsets[rank]:offsets[rank + 1]]
+    own = [(cut(rank, i) - offsets[rank], cut(rank, i + 1) - offsets[rank])
+           for i in range(segments)]  # this rank's segments, within its block
     scattered = []
-    for i in range(segments):
-        lo, hi = cut(rank, i) - offsets[rank], cut(rank, i + 1) - offsets[rank]
+    for i, (lo, hi) in enumerate(own):
         scattered.append(mesh.start_exchange(
             [(p, send[cut(p, i):cut(p, i + 1)]) for p in peers],
             [(p, copies[p, lo:hi]) for p in peers]))
@@ -180,9 +181,8 @@ def _pipelined_over_mesh(mesh: Any, send: np.ndarray, recv: np.ndarray,
         [], [(p, recv[cut(p, i):cut(p, i + 1)]) for i in range(segments) for p in peers])
     result = recv[offsets[rank]:offsets[rank + 1]]
     sent = []
-    for i, transfer in enumerate(scattered):
+    for transfer, (lo, hi) in zip(scattered, own):
         transfer.wait()
-        lo, hi = cut(rank, i) - offsets[rank], cut(rank, i + 1) - offsets[rank]
         reduce_in_rank_order(copies[:, lo:hi], result[lo:hi], ufunc)
         sent.append(mesh.start_exchange([(p, result[lo:hi]) for p in peers], []))
     for transfer in sent:

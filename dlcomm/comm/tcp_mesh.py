@@ -108,11 +108,9 @@ class _Countdown:
                 self._cond.notify_all()
 
     def fail(self, exc: BaseException) -> None:
-        with self._cond:
+        with self._cond:  # a Condition's lock is re-entrant: finish() may take it again
             self.error = self.error or exc
-            self._left -= 1
-            if self._left == 0:
-                self._cond.notify_all()
+            self.finish()
 
     def wait(self) -> None:
         with self._cond:
@@ -139,15 +137,15 @@ class Transfer:
 def _recv_exactly(conn: socket.socket, view: memoryview, peer: int) -> None:
     got, total = 0, len(view)
     while got < total:
+        cause: OSError | None = None
         try:
             n = conn.recv_into(view[got:], total - got)
         except OSError as exc:
-            raise MeshError(f"rank {peer} closed its TCP connection with {total - got} of "
-                            f"{total} bytes still to come ({exc}; did it fail or exit?)"
-                            ) from exc
+            n, cause = 0, exc
         if n == 0:
             raise MeshError(f"rank {peer} closed its TCP connection with {total - got} of "
-                            f"{total} bytes still to come (did it fail or exit?)")
+                            f"{total} bytes still to come ({f'{cause}; ' if cause else ''}"
+                            "did it fail or exit?)") from cause
         got += n
 
 

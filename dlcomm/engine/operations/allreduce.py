@@ -108,15 +108,14 @@ class DenseAllreduce(Operation):
         (packing it would copy it twice to save one start-up cost), the rest packed,
         reduced in place and unpacked. Every rank splits alike (the sizes are negotiated);
         ``auto``'s rank-order bits do not depend on the split."""
-        solo = [i for i, x in enumerate(inputs) if x.nbytes >= SOLO_TENSOR_BYTES]
-        if solo:
-            for i in solo:
+        alone = [i for i, x in enumerate(inputs) if x.nbytes >= SOLO_TENSOR_BYTES]
+        if alone:
+            rest = [i for i, x in enumerate(inputs) if x.nbytes < SOLO_TENSOR_BYTES]
+            if len(rest) == 1:  # nothing to pack it with
+                alone, rest = alone + rest, []
+            for i in alone:
                 self._single(comm, inputs[i], outputs[i], pre[i], post[i], op, names[0])
-            rest = [i for i in range(len(inputs)) if i not in set(solo)]
-            if len(rest) == 1:
-                i = rest[0]
-                self._single(comm, inputs[i], outputs[i], pre[i], post[i], op, names[0])
-            if len(rest) < 2:
+            if not rest:
                 return
             inputs, outputs = [inputs[i] for i in rest], [outputs[i] for i in rest]
             pre, post = [pre[i] for i in rest], [post[i] for i in rest]
