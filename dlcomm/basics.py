@@ -9,7 +9,7 @@ from typing import Any
 
 from dlcomm import runtime
 from dlcomm.comm.backend_select import nccl_available, nccl_version
-from dlcomm.config import load_config
+from dlcomm.config import knob_value, load_config
 from dlcomm.engine.request import Kind, Request, Signature
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.runtime import is_initialized, state
@@ -22,6 +22,7 @@ __all__ = ["add_process_set", "bytes_sent", "ccl_built", "cross_rank", "cross_si
 
 
 _set_requests = itertools.count()  # names add_process_set requests (same order on all ranks)
+_init_settings: dict[str, Any] = {}  # the settings of the last init() (elastic re-init)
 
 
 def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
@@ -35,6 +36,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
     if is_initialized():
         return
     config = load_config(**settings)
+    _init_settings.clear()
+    _init_settings.update(settings)
     logging.getLogger("dlcomm").setLevel(config.log_level.upper())
     # Importing mpi4py.MPI initialises MPI, so the transport loads here and not at
     # `import dlcomm`: a process that only launches jobs (dlcommrun) must not become an MPI
@@ -42,7 +45,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
     from dlcomm.comm.world import open_world  # noqa: PLC0415 - MPI start-up
     from dlcomm.engine.engine import Engine  # noqa: PLC0415 - MPI start-up
 
-    world = open_world(comm)
+    world = open_world(comm, dead_peer_s=knob_value("elastic_dead_peer_seconds"))
     rank, size = world.comm.rank, world.comm.size
     global_process_set.ranks = list(range(size))
     runtime.start(runtime.State(
@@ -50,10 +53,17 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
         size=size, local_rank=world.local_rank, local_size=world.local_size,
         cross_rank=world.cross_rank, cross_size=world.cross_size,
         process_sets={0: global_process_set}, mpi_threads=world.threads_multiple,
+        elastic=world.elastic,
     ))
     atexit.register(shutdown)
     for ps in process_sets or ():
         add_process_set(ps)
+
+
+def init_settings() -> dict[str, Any]:
+    """The keyword settings the last ``init()`` was given (an elastic job re-initialises
+    with them)."""
+    return dict(_init_settings)
 
 
 def shutdown() -> None:
@@ -62,6 +72,8 @@ def shutdown() -> None:
     if stopped is None:
         return
     stopped.engine.shutdown()
+    if stopped.elastic is not None:  # the world's TCP mesh is this process's own
+        stopped.comm.free()
     for set_id, ps in stopped.process_sets.items():
         if set_id != 0:
             ps.process_set_id = None

@@ -44,6 +44,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be > 0, got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -261,6 +268,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("split_cloud_rank", 0, lambda t: int(t),
          "The rank that runs the cloud part of a split model; every other rank is an edge.",
          where="dlcomm.torch.split.SplitModel"),
+    Knob("elastic_dead_peer_seconds", 10.0, _positive_float,
+         "In elastic jobs (dlcommrun --min-np/--max-np): seconds of silence after which a "
+         "peer whose link is cut counts as lost (TCP keepalive probes every second). A "
+         "killed process is noticed at once; a peer that is merely computing answers the "
+         "probes and is never declared lost.", where="elastic init"),
 )
 
 # Knobs read where they are used (compression, collectives), not by init().

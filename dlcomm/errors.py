@@ -20,3 +20,19 @@ class ShutdownError(DLCommError):
 
 # Horovod's name for a failed collective (``hvd.HorovodInternalError``): the same meaning.
 HorovodInternalError = DLCommError
+
+
+class PeerLostError(DLCommError):
+    """A peer rank died or became unreachable during a collective. Under elastic training
+    (``dlcomm.<framework>.elastic.run``) the survivors recover from it: they roll back to the
+    last committed state and continue on the ranks that remain."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The elastic driver added or removed hosts: every rank stops at the same commit and
+    re-forms the job. ``skip_sync`` is True when no rank was lost (the committed state is
+    still identical everywhere), as in Horovod."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the elastic driver changed the set of hosts")
+        self.skip_sync = skip_sync

@@ -33,6 +33,12 @@ def _auto_name(kind: str, process_set_id: int = 0) -> str:
     return f"{kind}.noname.{next(counter)}"
 
 
+def reset_auto_names() -> None:
+    """Number unnamed calls from zero again: an elastic job re-forms with workers that
+    joined late, and every rank must name its next unnamed call alike."""
+    _counters.clear()
+
+
 def _check_name(name: str | None, kind: str, process_set_id: int = 0) -> str:
     if name is None:
         return _auto_name(kind, process_set_id)

@@ -27,6 +27,7 @@ class State:
     cross_size: int
     process_sets: dict[int, Any]  # set id -> dlcomm.ProcessSet
     mpi_threads: bool
+    elastic: Any = None  # dlcomm.comm.world.Elastic in a job of the elastic driver
 
 
 _current: State | None = None

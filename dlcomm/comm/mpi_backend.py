@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from dlcomm import kernels
 from dlcomm.array_api import from_host, to_host
+from dlcomm.comm.tcp_communicator import TcpCommunicator
 from dlcomm.errors import DLCommError
 from dlcomm.ops import ReduceOp, as_reduce_op
 
@@ -454,10 +455,11 @@ class MPICommunicator:
 NULL = MPICommunicator(MPI.COMM_NULL)  # stands for "no communicator on this rank"
 
 
-def as_communicator(comm: object) -> MPICommunicator:
-    """``comm`` as a transport communicator: an ``MPICommunicator`` as it is, an mpi4py
+def as_communicator(comm: object) -> MPICommunicator | TcpCommunicator:
+    """``comm`` as a transport communicator: an ``MPICommunicator`` (or an elastic job's
+    ``TcpCommunicator``) as it is, an mpi4py
     intracommunicator (``MPI.COMM_WORLD``, a Split or Dup of it) wrapped."""
-    if isinstance(comm, MPICommunicator):
+    if isinstance(comm, (MPICommunicator, TcpCommunicator)):
         if comm.freed:
             raise ValueError("comm was freed (or is MPI.COMM_NULL on this rank)")
         return comm

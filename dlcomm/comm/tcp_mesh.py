@@ -157,6 +157,18 @@ def _send_all(conn: socket.socket, view: memoryview, peer: int) -> None:
                         f"being sent to it ({exc}; did it fail or exit?)") from exc
 
 
+def _detect_dead_peer(conn: socket.socket, seconds: float) -> None:
+    """Fail ``conn``'s blocked calls once the peer stays silent for about ``seconds``: probe
+    an idle connection every second (keepalive), and give up on unacknowledged data after
+    ``seconds`` (TCP_USER_TIMEOUT). A live peer busy computing still answers the probes."""
+    probes = max(int(seconds) - 1, 1)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
+
+
 def _bytes_view(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
@@ -165,7 +177,12 @@ class TcpMesh:
     """Connections to every other rank of ``comm`` (an ``MPICommunicator``); built
     collectively. ``exchange`` sends and receives arrays with any set of peers at once."""
 
-    def __init__(self, comm: Any, environ: dict[str, str] | None = None) -> None:
+    def __init__(self, comm: Any, environ: dict[str, str] | None = None,
+                 dead_peer_s: float | None = None) -> None:
+        """``comm`` needs only ``rank``, ``size``, ``bcast_object`` and ``allgather`` (an
+        ``MPICommunicator``, or the elastic driver's ``RoundBootstrap``). ``dead_peer_s``:
+        declare a silent peer dead after about that many seconds (TCP keepalive and user
+        timeout), so a cut link fails a blocked exchange instead of hanging it."""
         self.rank, self.size = comm.rank, comm.size
         self._conns: dict[int, socket.socket] = {}
         self._senders: dict[int, _Worker] = {}
@@ -198,6 +215,8 @@ class TcpMesh:
         for peer, conn in self._conns.items():
             conn.settimeout(None)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if dead_peer_s is not None:
+                _detect_dead_peer(conn, dead_peer_s)
             self._senders[peer] = _Worker(f"dlcomm-mesh-send-{peer}")
             self._receivers[peer] = _Worker(f"dlcomm-mesh-recv-{peer}")
 

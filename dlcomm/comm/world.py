@@ -1,5 +1,9 @@
 """Starting dlcomm on MPI processes: the communicator ``init()`` runs on and where each rank
-sits (its host, its rank among the host's ranks). Importing this module initialises MPI."""
+sits (its host, its rank among the host's ranks). Importing this module initialises MPI.
+
+A process started by ``dlcommrun``'s elastic driver (not by mpirun: MPI cannot lose a rank
+and go on) is a one-rank MPI job; its world is the round the driver forms, over a TCP mesh.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -8,18 +12,31 @@ from typing import Any
 from mpi4py import MPI
 
 from dlcomm.comm.mpi_backend import MPICommunicator
+from dlcomm.comm.rendezvous import Assignment, RendezvousClient, RoundBootstrap
+from dlcomm.comm.tcp_communicator import TcpCommunicator
+from dlcomm.comm.tcp_mesh import MeshError, TcpMesh
+from dlcomm.errors import PeerLostError
 
 
 @dataclasses.dataclass(frozen=True)
 class World:
     """The ranks dlcomm runs on, as the transport sees them."""
 
-    comm: MPICommunicator
+    comm: MPICommunicator | TcpCommunicator
     local_rank: int
     local_size: int
     cross_rank: int
     cross_size: int
     threads_multiple: bool  # MPI runs with MPI_THREAD_MULTIPLE
+    elastic: Elastic | None = None  # set in a job of the elastic driver
+
+
+@dataclasses.dataclass(frozen=True)
+class Elastic:
+    """This process's link to the elastic driver and the round it runs in."""
+
+    client: RendezvousClient
+    assignment: Assignment
 
 
 def world_communicator() -> MPICommunicator:
@@ -32,9 +49,16 @@ def finalized() -> bool:
     return bool(MPI.Is_finalized())
 
 
-def open_world(comm: Any = None) -> World:
+def open_world(comm: Any = None, dead_peer_s: float = 10.0) -> World:
     """The world of ``init(comm=...)``: an mpi4py communicator, a list of world ranks to run
-    on, or None for every rank. Collective over those ranks (it splits by host twice)."""
+    on, or None for every rank (in an elastic job: the driver's next round, whose silent
+    peers count as lost after ``dead_peer_s``). Collective over those ranks."""
+    client = RendezvousClient.from_environment()
+    if client is not None:
+        if comm is not None:
+            raise ValueError("init(comm=...) cannot be used in an elastic job: the elastic "
+                             "driver decides which workers form the world")
+        return open_elastic_world(client, dead_peer_s)
     if comm is None:
         comm = MPI.COMM_WORLD
     elif isinstance(comm, (list, tuple)):
@@ -57,3 +81,15 @@ def open_world(comm: Any = None) -> World:
     local.Free()
     cross.Free()
     return world
+
+
+def open_elastic_world(client: RendezvousClient, dead_peer_s: float) -> World:
+    """Join the driver's next round and connect its ranks by TCP."""
+    assignment = client.join()
+    try:
+        mesh = TcpMesh(RoundBootstrap(client, assignment), dead_peer_s=dead_peer_s)
+    except MeshError as exc:  # a member died or cannot be reached while the round formed
+        raise PeerLostError(str(exc)) from exc
+    return World(TcpCommunicator(mesh), assignment.local_rank, assignment.local_size,
+                 assignment.cross_rank, assignment.cross_size, threads_multiple=True,
+                 elastic=Elastic(client, assignment))

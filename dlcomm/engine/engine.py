@@ -36,7 +36,7 @@ from dlcomm.engine.request import CACHEABLE, Handle, Kind, Request, Signature
 from dlcomm.engine.response_cache import ResponseCache
 from dlcomm.engine.stall import StallInspector
 from dlcomm.engine.timeline import open_timeline
-from dlcomm.errors import DLCommError, ShutdownError, StallError
+from dlcomm.errors import DLCommError, PeerLostError, ShutdownError, StallError
 
 log = logging.getLogger("dlcomm")
 
@@ -210,6 +210,10 @@ class Engine:
         try:
             while self._cycle():
                 pass
+        except PeerLostError as exc:  # only an elastic job's TCP communicator raises it
+            # Close the mesh at once: peers blocked on this rank fail now, not at a timeout.
+            self.control.free()
+            self._stop(PeerLostError(f"rank {self.rank} lost a peer: {exc}"))
         except BaseException as exc:  # never die silently: fail every waiting request
             log.exception("dlcomm engine on rank %d failed", self.rank)
             self._stop(DLCommError(f"dlcomm's engine on rank {self.rank} failed: {exc!r}"))

@@ -11,6 +11,7 @@ import importlib
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -18,11 +19,13 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 
 from dlcomm.launcher.check_build import check_build, format_check_build
+from dlcomm.launcher.elastic_driver import ElasticOptions, parse_hosts, run_elastic
 from dlcomm.launcher.mpirun_command import build_mpirun_command, mpirun_available
 
 USAGE = """\
 usage: dlcommrun [-np N] [-H HOST:SLOTS,...] [--hostfile FILE] [-x NAME[=VALUE]]...
                  [--emulate SPEC [--slots-per-host N] [--pin-hosts]] [--dry-run] [--verbose]
+                 [--min-np N --max-np M [--host-discovery-script PATH]]
                  [MPIRUN OPTIONS...] [--] COMMAND [ARGS...]
        dlcommrun --check-build
        dlcommrun --emulate down
@@ -44,6 +47,18 @@ options:
   --heterogeneity SPEC  with --emulate: slow hosts and congest links, e.g.
                         cpu=1:0.5,congest=*:100mbit,seed=1, or slow only the compute of
                         host 1's ranks: compute=1:0.5 (docs/heterogeneity.md)
+  --min-np N, --max-np M
+                        elastic job (docs/fault_tolerance.md): start -np workers (default
+                        --max-np), go on while at least N remain, grow to M when hosts are
+                        added; the script uses dlcomm.<framework>.elastic. Runs on this
+                        machine or its emulated cluster, without mpirun
+  --host-discovery-script PATH
+                        elastic: a program printing the usable hosts, one HOST:SLOTS a line
+                        (run every second)
+  --elastic-timeout S   elastic: give up after S seconds with fewer than --min-np workers
+                        (default 600)
+  --join-timeout S      elastic: stop a worker that has not rejoined S seconds after the
+                        first survivor did (default 10)
   --mpirun PATH         the mpirun to use (default: mpirun on PATH)
   --dry-run             print the mpirun command and exit
   --check-build         print the frameworks and backends dlcomm can use and exit
@@ -81,6 +96,7 @@ _HOSTFILE_OPTIONS = ("--hostfile", "-hostfile", "--machinefile", "-machinefile")
 _VALUE_OPTIONS = (
     *_NP_OPTIONS, *_HOST_OPTIONS, *_HOSTFILE_OPTIONS,
     "-x", "--emulate", "--slots-per-host", "--mpirun", "--heterogeneity",
+    "--min-np", "--max-np", "--host-discovery-script", "--elastic-timeout", "--join-timeout",
 )
 _FLAG_OPTIONS = ("--dry-run", "--check-build", "--verbose", "--version", "--pin-hosts", "-h",
                  "--help")
@@ -117,6 +133,17 @@ class LaunchOptions:
     verbose: bool = False
     show_version: bool = False
     show_help: bool = False
+    min_np: int | None = None
+    max_np: int | None = None
+    discovery_script: str | None = None
+    elastic_timeout: float = 600.0
+    join_timeout: float = 10.0
+
+    @property
+    def elastic(self) -> bool:
+        """True for an elastic job (any of the elastic options given)."""
+        return (self.min_np is not None or self.max_np is not None
+                or self.discovery_script is not None)
 
 
 def _positive_int(option: str, text: str) -> int:
@@ -127,6 +154,17 @@ def _positive_int(option: str, text: str) -> int:
         value = 0
     if value < 1 or str(text).strip().startswith("+"):
         raise UsageError(f"{option} must be a positive integer, got {text!r}")
+    return value
+
+
+def _positive_seconds(option: str, text: str) -> float:
+    """``text`` as a positive number of seconds, or a UsageError naming ``option``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise UsageError(f"{option} must be a positive number of seconds, got {text!r}")
     return value
 
 
@@ -152,6 +190,18 @@ def _apply_value(opts: LaunchOptions, option: str, value: str) -> None:
         opts.slots_per_host = _positive_int("--slots-per-host", value)
     elif option == "--mpirun":
         opts.mpirun = value
+    elif option == "--min-np":
+        opts.min_np = _positive_int("--min-np", value)
+    elif option == "--max-np":
+        opts.max_np = _positive_int("--max-np", value)
+    elif option == "--host-discovery-script":
+        opts.discovery_script = value
+    elif option in ("--elastic-timeout", "--join-timeout"):
+        seconds = _positive_seconds(option, value)
+        if option == "--elastic-timeout":
+            opts.elastic_timeout = seconds
+        else:
+            opts.join_timeout = seconds
 
 
 def _apply_flag(opts: LaunchOptions, option: str) -> None:
@@ -320,7 +370,10 @@ def _launch(
     extra_args: list[str],
     prefix: Sequence[str] = (),
 ) -> int:
-    """Build the mpirun argv and print it (--dry-run / --verbose) or run it."""
+    """Build the mpirun argv and print it (--dry-run / --verbose) or run it; an elastic job
+    goes to the elastic driver instead."""
+    if opts.elastic:
+        return _launch_elastic(opts, env, hosts=hosts, prefix=prefix)
     if opts.np is None:
         return _error("give the number of ranks with -np N", EXIT_USAGE)
     argv = build_mpirun_command(
@@ -347,6 +400,40 @@ def _launch(
     if opts.verbose:
         print(f"dlcommrun: job exited with code {code}", file=sys.stderr)
     return code
+
+
+def _launch_elastic(opts: LaunchOptions, env: dict[str, str], *, hosts: str | None,
+                    prefix: Sequence[str]) -> int:
+    """Run an elastic job on this machine (``-H localhost:N``, the default) or on the
+    emulated cluster (``prefix`` is its ``dlc-nsrun``)."""
+    if opts.hostfile or opts.mpirun_args:
+        return _error("an elastic job does not run under mpirun: drop --hostfile and mpirun "
+                      f"options ({shlex.join(opts.mpirun_args) or '--hostfile'})", EXIT_USAGE)
+    max_np = opts.max_np or opts.np
+    min_np = opts.min_np or 1
+    if max_np is None:
+        return _error("an elastic job needs --max-np M (or -np N)", EXIT_USAGE)
+    emulated = [prefix[0]] if prefix else []
+    if hosts is None and not opts.discovery_script:
+        hosts = f"localhost:{max_np}"
+    host_list = parse_hosts(hosts) if hosts else []
+    local = {"localhost", "127.0.0.1", socket.gethostname()}
+    for name, _ in host_list:
+        if name not in local and not emulated:
+            return _error(f"elastic jobs run on this machine or its emulated cluster "
+                          f"(--emulate); {name!r} is neither", EXIT_USAGE)
+
+    def exec_prefix(host: str) -> list[str]:
+        return [] if host in local else [*emulated, host]
+
+    elastic = ElasticOptions(min_np=min_np, max_np=max_np, np=opts.np or max_np,
+                             hosts=host_list, discovery_script=opts.discovery_script,
+                             join_timeout_s=opts.join_timeout,
+                             elastic_timeout_s=opts.elastic_timeout)
+    if opts.dry_run:
+        print(f"elastic job: {elastic}; command: {shlex.join(opts.command)}")
+        return 0
+    return run_elastic(elastic, opts.command, env, exec_prefix)
 
 
 def _run_emulated(opts: LaunchOptions, env: dict[str, str]) -> int:

@@ -35,6 +35,7 @@ from dlcomm.errors import (
 )
 from dlcomm.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.torch import elastic
 from dlcomm.torch.compression import Compression, Compressor
 from dlcomm.torch.functions import (
     allgather_object,
@@ -98,4 +99,5 @@ __all__ = [
     "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
     "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize",
     "timeline_range", "exclude_bias_and_norm", "warmup_decay_factor", "warmup_lr_scheduler",
+    "elastic",
 ]

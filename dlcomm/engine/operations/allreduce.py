@@ -17,6 +17,7 @@ from dlcomm.array_api import array_namespace
 from dlcomm.engine import fusion
 from dlcomm.engine.operations.base import EngineState, Item, Operation
 from dlcomm.engine.request import Request
+from dlcomm.errors import PeerLostError
 from dlcomm.kernels import scale_into
 from dlcomm.ops import ReduceOp
 
@@ -69,6 +70,8 @@ class DenseAllreduce(Operation):
                 outputs = [array_namespace(x).empty_like(x) if o is None else o
                            for x, o in zip(inputs, outputs)]
                 self._fused(comm, inputs, outputs, pre, post, wire_op, names, dtype)
+        except PeerLostError:  # the job is broken: the engine stops and closes the mesh
+            raise
         except Exception as exc:
             for req, _ in owners:
                 if req is not None:

@@ -16,6 +16,7 @@ from dlcomm.engine.fusion import FusionBuffer
 from dlcomm.engine.negotiation import Response
 from dlcomm.engine.process_sets import ProcessSetState
 from dlcomm.engine.request import Request
+from dlcomm.errors import PeerLostError
 
 Item = tuple[Response, "Request | None"]
 
@@ -56,7 +57,7 @@ class PerResponse(Operation):
             try:
                 result = self.run(response, request)
             except Exception as exc:
-                if request is None:
+                if request is None or isinstance(exc, PeerLostError):  # the job is broken
                     raise
                 request.handle.set_error(exc)
                 continue

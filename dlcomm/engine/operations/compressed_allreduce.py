@@ -20,6 +20,7 @@ from dlcomm.engine import fusion
 from dlcomm.engine.negotiation import Response
 from dlcomm.engine.operations.base import EngineState, Item, Operation
 from dlcomm.engine.request import Request
+from dlcomm.errors import PeerLostError
 from dlcomm.kernels import scale_into
 from dlcomm.ops import ReduceOp
 
@@ -78,6 +79,8 @@ class CompressedAllreduce(Operation):
             scale = sig.postscale / (comm.size if sig.op == "average" else 1)
             for (_, _, _, _, out), (value, _) in zip(tensors, results):
                 scale_into(value, scale, out)
+        except PeerLostError:  # the job is broken: the engine stops and closes the mesh
+            raise
         except Exception as exc:
             for _, request in items:
                 request.handle.set_error(exc)
@@ -110,6 +113,8 @@ class CompressedAllreduce(Operation):
                     y = compressed_allreduce(request.compressor, src, name, exchange,
                                              average=sig.op == "average")
                 scale_into(y, sig.postscale, out)
+        except PeerLostError:  # the job is broken: the engine stops and closes the mesh
+            raise
         except Exception as exc:
             request.handle.set_error(exc)
             return
