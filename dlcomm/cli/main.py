@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "timeline": "dlcomm.tools.timeline.command",
     "bench": "dlcomm.tools.bench.command",
     "simulate": "dlcomm.tools.simulate.cli",
+    "faults": "dlcomm.tools.faults.command",
 }
 
 EXIT_NOT_AVAILABLE = 2

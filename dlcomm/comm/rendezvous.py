@@ -107,6 +107,10 @@ class RendezvousClient:
         """Wait for the driver to form the next round with this worker; its place there."""
         return Assignment(**self.request({"op": "join", "host": self.host, "slot": self.slot}))
 
+    def report_unreachable(self, round_id: int, pairs: list[tuple[int, int]]) -> None:
+        """Tell the driver which ranks of ``round_id`` could not connect to which."""
+        self.request({"op": "unreachable", "round": round_id, "pairs": pairs})
+
     def hosts_updated(self, round_id: int) -> bool:
         """True when the driver wants a new round (hosts added or lost) after ``round_id``."""
         return bool(self.request({"op": "updates", "round": round_id}))

@@ -35,7 +35,12 @@ INCLUDE_ENV = "OMPI_MCA_btl_tcp_if_include"
 
 
 class MeshError(DLCommError):
-    """A TCP connection of the mesh failed or a peer closed it."""
+    """A TCP connection of the mesh failed or a peer closed it. ``failed_pairs``: the
+    (rank, peer) pairs that could not connect while the mesh was built (who is cut off)."""
+
+    def __init__(self, message: str, failed_pairs: Sequence[tuple[int, int]] = ()) -> None:
+        super().__init__(message)
+        self.failed_pairs = list(failed_pairs)
 
 
 def local_addresses(environ: dict[str, str] | None = None) -> list[str]:
@@ -178,12 +183,16 @@ class TcpMesh:
     collectively. ``exchange`` sends and receives arrays with any set of peers at once."""
 
     def __init__(self, comm: Any, environ: dict[str, str] | None = None,
-                 dead_peer_s: float | None = None) -> None:
+                 dead_peer_s: float | None = None,
+                 accept_timeout_s: float = ACCEPT_TIMEOUT_S) -> None:
         """``comm`` needs only ``rank``, ``size``, ``bcast_object`` and ``allgather`` (an
         ``MPICommunicator``, or the elastic driver's ``RoundBootstrap``). ``dead_peer_s``:
         declare a silent peer dead after about that many seconds (TCP keepalive and user
-        timeout), so a cut link fails a blocked exchange instead of hanging it."""
+        timeout), so a cut link fails a blocked exchange instead of hanging it.
+        ``accept_timeout_s``: how long to wait for the lower ranks to connect."""
         self.rank, self.size = comm.rank, comm.size
+        self._accept_timeout_s = accept_timeout_s
+        self._unreachable: set[int] = set()
         self._conns: dict[int, socket.socket] = {}
         self._senders: dict[int, _Worker] = {}
         self._receivers: dict[int, _Worker] = {}
@@ -194,7 +203,7 @@ class TcpMesh:
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listener.bind(("", 0))
             listener.listen(max(self.size, 1))
-            listener.settimeout(ACCEPT_TIMEOUT_S)
+            listener.settimeout(accept_timeout_s)
             port = listener.getsockname()[1]
             addresses = local_addresses(environ)
             if not addresses:
@@ -208,10 +217,12 @@ class TcpMesh:
             error = self._connect_all(listener, published, token)
         if listener is not None:
             listener.close()
-        errors = [e for e in comm.allgather(error) if e]
+        reports = comm.allgather((error, sorted(self._unreachable)))
+        errors = [e for e, _ in reports if e]
         if errors:  # every rank learns that the mesh is unusable, and why
             self.close()
-            raise MeshError(f"the TCP mesh could not be built: {errors[0]}")
+            pairs = [(r, p) for r, (_, peers) in enumerate(reports) for p in peers]
+            raise MeshError(f"the TCP mesh could not be built: {errors[0]}", pairs)
         for peer, conn in self._conns.items():
             conn.settimeout(None)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -227,13 +238,15 @@ class TcpMesh:
                                     args=(listener, token, accepted), daemon=True)
         acceptor.start()
         error = ""
-        try:
-            for peer in range(self.rank + 1, self.size):
-                addresses, port, _ = published[peer]
+        for peer in range(self.rank + 1, self.size):  # try all: the errors say who is cut off
+            addresses, port, _ = published[peer]
+            try:
                 self._conns[peer] = self._connect(peer, addresses, port, token)
-        except (MeshError, OSError) as exc:
-            error = str(exc)
-        acceptor.join(ACCEPT_TIMEOUT_S + 1)
+            except (MeshError, OSError) as exc:
+                error = error or str(exc)
+                self._unreachable.add(peer)
+        acceptor.join(self._accept_timeout_s + 1)
+        self._unreachable.update(p for p in range(self.rank) if p not in self._conns)
         if accepted and not error:
             error = str(accepted[0])
         return error

@@ -14,7 +14,7 @@ from mpi4py import MPI
 from dlcomm.comm.mpi_backend import MPICommunicator
 from dlcomm.comm.rendezvous import Assignment, RendezvousClient, RoundBootstrap
 from dlcomm.comm.tcp_communicator import TcpCommunicator
-from dlcomm.comm.tcp_mesh import MeshError, TcpMesh
+from dlcomm.comm.tcp_mesh import CONNECT_TIMEOUT_S, MeshError, TcpMesh
 from dlcomm.errors import PeerLostError
 
 
@@ -87,8 +87,11 @@ def open_elastic_world(client: RendezvousClient, dead_peer_s: float) -> World:
     """Join the driver's next round and connect its ranks by TCP."""
     assignment = client.join()
     try:
-        mesh = TcpMesh(RoundBootstrap(client, assignment), dead_peer_s=dead_peer_s)
+        mesh = TcpMesh(RoundBootstrap(client, assignment), dead_peer_s=dead_peer_s,
+                       accept_timeout_s=2 * CONNECT_TIMEOUT_S)
     except MeshError as exc:  # a member died or cannot be reached while the round formed
+        if exc.failed_pairs:  # the driver stops whoever is cut off from the others
+            client.report_unreachable(assignment.round_id, exc.failed_pairs)
         raise PeerLostError(str(exc)) from exc
     return World(TcpCommunicator(mesh), assignment.local_rank, assignment.local_size,
                  assignment.cross_rank, assignment.cross_size, threads_multiple=True,

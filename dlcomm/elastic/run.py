@@ -50,7 +50,7 @@ def run(func: F) -> F:
             except PeerLostError as exc:
                 if not elastic:
                     raise
-                log.warning("dlcomm elastic: %s; rolling back to commit %d", exc,
+                log.warning("dlcomm elastic: %s; rolling back to the last commit (number %d)", exc,
                             state.commits)
                 state.restore()
                 skip_sync = False

@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 
 from dlcomm.launcher.check_build import check_build, format_check_build
-from dlcomm.launcher.elastic_driver import ElasticOptions, parse_hosts, run_elastic
+from dlcomm.launcher.elastic_driver import (
+    ElasticOptions,
+    check_elastic_options,
+    parse_hosts,
+    run_elastic,
+)
 from dlcomm.launcher.mpirun_command import build_mpirun_command, mpirun_available
 
 USAGE = """\
@@ -136,14 +141,14 @@ class LaunchOptions:
     min_np: int | None = None
     max_np: int | None = None
     discovery_script: str | None = None
-    elastic_timeout: float = 600.0
-    join_timeout: float = 10.0
+    elastic_timeout: float | None = None
+    join_timeout: float | None = None
 
     @property
     def elastic(self) -> bool:
         """True for an elastic job (any of the elastic options given)."""
-        return (self.min_np is not None or self.max_np is not None
-                or self.discovery_script is not None)
+        return any(v is not None for v in (self.min_np, self.max_np, self.discovery_script,
+                                           self.elastic_timeout, self.join_timeout))
 
 
 def _positive_int(option: str, text: str) -> int:
@@ -428,8 +433,9 @@ def _launch_elastic(opts: LaunchOptions, env: dict[str, str], *, hosts: str | No
 
     elastic = ElasticOptions(min_np=min_np, max_np=max_np, np=opts.np or max_np,
                              hosts=host_list, discovery_script=opts.discovery_script,
-                             join_timeout_s=opts.join_timeout,
-                             elastic_timeout_s=opts.elastic_timeout)
+                             join_timeout_s=opts.join_timeout or 10.0,
+                             elastic_timeout_s=opts.elastic_timeout or 600.0)
+    check_elastic_options(elastic)
     if opts.dry_run:
         print(f"elastic job: {elastic}; command: {shlex.join(opts.command)}")
         return 0

@@ -50,8 +50,8 @@ def parse_hosts(text: str) -> list[tuple[str, int]]:
         item = item.strip()
         if not item:
             continue
-        name, _, slots = item.partition(":")
-        if not name or (slots and (not slots.isdigit() or int(slots) < 1)):
+        name, colon, slots = item.partition(":")
+        if not name or (colon and (not slots.isdigit() or int(slots) < 1)):
             raise ValueError(f"bad host entry {item!r}: expected HOST or HOST:SLOTS")
         hosts.append((name, int(slots) if slots else 1))
     return hosts
@@ -129,6 +129,11 @@ class ElasticDriver:
                           + (f"; failures: {'; '.join(self.failures)}" if self.failures else ""))
                 return 0
             self._fill_slots()
+            for worker_id in self.rendezvous.take_cut_off():
+                worker = self.workers.get(worker_id)
+                if worker is not None:
+                    self._retire(worker, "could not connect to the other ranks (its link "
+                                 "is down or cut)")
             for worker_id in self.rendezvous.form_if_ready():
                 worker = self.workers.get(worker_id)
                 if worker is not None:
@@ -244,6 +249,12 @@ class ElasticDriver:
 def run_elastic(opts: ElasticOptions, command: Sequence[str], env: Mapping[str, str],
                 exec_prefix: Callable[[str], list[str]]) -> int:
     """Run an elastic job; its exit code."""
+    check_elastic_options(opts)
+    return ElasticDriver(opts, command, env, exec_prefix).run()
+
+
+def check_elastic_options(opts: ElasticOptions) -> None:
+    """ValueError naming the options when they cannot describe a job."""
     if opts.min_np > opts.max_np:
         raise ValueError(f"--min-np {opts.min_np} is larger than --max-np {opts.max_np}")
     if not opts.min_np <= opts.np <= opts.max_np:
@@ -251,4 +262,3 @@ def run_elastic(opts: ElasticOptions, command: Sequence[str], env: Mapping[str, 
                          f"--max-np {opts.max_np}")
     if not opts.hosts and not opts.discovery_script:
         raise ValueError("an elastic job needs hosts: -H, --host-discovery-script or --emulate")
-    return ElasticDriver(opts, command, env, exec_prefix).run()

@@ -53,6 +53,8 @@ class Rendezvous:
         self._update_wanted = False
         self._stopped: dict[str, str] = {}  # worker -> why the driver stopped it
         self.formed_at: list[float] = []  # monotonic time each round formed
+        self._cut_off: list[str] = []  # workers blamed for a failed connection, to stop
+        self._cut_off_reported = False
 
     # --- the driver's side -----------------------------------------------------------------
     def add_worker(self, worker: str, place: Place) -> None:
@@ -80,6 +82,12 @@ class Rendezvous:
         with self._cond:
             return self._form_if_ready(time.monotonic())
 
+    def take_cut_off(self) -> list[str]:
+        """Workers that could not connect to the rest of their round (once per report)."""
+        with self._cond:
+            cut_off, self._cut_off = self._cut_off, []
+            return cut_off
+
     def waiting_count(self) -> int:
         """Workers that asked to join the next round."""
         with self._cond:
@@ -98,6 +106,18 @@ class Rendezvous:
             if op == "gather":
                 return self._gather(message["round"], message["sequence"], message["rank"],
                                     message["value"])
+            if op == "unreachable":
+                if message["round"] == self.round_id and not self._cut_off_reported:
+                    self._cut_off_reported = True
+                    # Out of the next round at once: its survivors rejoin within
+                    # milliseconds, before the driver's loop could stop these.
+                    for cut in _cut_off(self.members, message["pairs"]):
+                        self.live.pop(cut, None)
+                        self._waiting.pop(cut, None)
+                        self._stopped[cut] = "could not connect to the other ranks"
+                        self._cut_off.append(cut)
+                    self._cond.notify_all()
+                return True
             if op == "updates":
                 return (message["round"] != self.round_id or self._update_wanted
                         or self.broken is not None)
@@ -152,6 +172,7 @@ class Rendezvous:
         self._fetched.clear()
         self.broken = None
         self._update_wanted = False
+        self._cut_off_reported = False
         by_host: dict[str, list[str]] = defaultdict(list)
         for worker in order:
             by_host[self.live[worker].host].append(worker)
@@ -203,3 +224,21 @@ class RendezvousServer(socketserver.ThreadingUnixStreamServer):
             os.unlink(self.server_address)  # type: ignore[arg-type]
         except OSError:
             pass
+
+
+def _cut_off(members: list[str], pairs: list[tuple[int, int]]) -> list[str]:
+    """The members to stop after a failed connection attempt: those that failed with the
+    most peers (a host whose link is cut fails with all of them); between two ranks alone
+    that failed with each other, the later one."""
+    partners: dict[int, set[int]] = defaultdict(set)
+    for rank, peer in pairs:
+        if 0 <= rank < len(members) and 0 <= peer < len(members) and rank != peer:
+            partners[rank].add(peer)
+            partners[peer].add(rank)
+    if not partners:
+        return []
+    most = max(len(p) for p in partners.values())
+    blamed = sorted(r for r, p in partners.items() if len(p) == most)
+    if most == 1:  # isolated pairs: nothing says which side is cut; stop the later rank
+        blamed = sorted({max(r, next(iter(partners[r]))) for r in blamed})
+    return [members[r] for r in blamed]

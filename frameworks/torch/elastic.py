@@ -45,8 +45,10 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.processed_num += batch_size * self.num_replicas
 
     def reset(self) -> None:
-        """Re-shard the remaining samples over the current ranks."""
+        """Re-shard the remaining samples over the current ranks (iteration then starts
+        after the samples processed so far)."""
         self.num_replicas, self.rank = dlcomm.size(), dlcomm.rank()
+        self._skip = self.processed_num
         remaining = max(len(self.dataset) - self.processed_num, 0)
         self.num_samples = math.ceil(remaining / self.num_replicas)
         self.total_size = self.num_samples * self.num_replicas
@@ -65,9 +67,10 @@ class ElasticSampler(torch.utils.data.Sampler):
             order = torch.randperm(len(self.dataset), generator=generator).tolist()
         else:
             order = list(range(len(self.dataset)))
-        remaining = order[self.processed_num:]
+        remaining = order[self._skip:]
         if remaining:  # pad by repeating so every rank gets the same number of samples
-            remaining += remaining[:self.total_size - len(remaining)]
+            copies = math.ceil(self.total_size / len(remaining))
+            remaining = (remaining * copies)[:self.total_size]
         return iter(remaining[self.rank:self.total_size:self.num_replicas])
 
     def __len__(self) -> int:
@@ -105,6 +108,9 @@ class TorchState(ObjectState):
         if self.model is not None:
             self.model.load_state_dict(self._saved_model)
         if self.optimizer is not None:
+            discard = getattr(self.optimizer, "discard_in_flight", None)
+            if discard is not None:  # a DistributedOptimizer stopped mid-step by the failure
+                discard()
             self.optimizer.load_state_dict(copy.deepcopy(self._saved_optimizer))
         for name, sampler in self._samplers.items():
             sampler.load_state_dict(self._saved_samplers[name])

@@ -143,3 +143,17 @@ def test_driver_gone_is_reported(tmp_path: Path) -> None:
     client = RendezvousClient(f"unix:{tmp_path / 'none.sock'}", "w0:h:0")
     with pytest.raises(DriverGoneError, match="did not answer 'join'"):
         client.join()
+
+
+@pytest.mark.parametrize("pairs, blamed", [
+    ([(0, 3), (1, 3), (2, 3), (3, 0), (3, 1), (3, 2)], ["w3"]),  # host 3's link is cut
+    ([(1, 0), (2, 0)], ["w0"]),  # host 0 reached by nobody
+    ([(0, 1)], ["w1"]),  # two ranks alone: the later one
+    ([(0, 1), (2, 3)], ["w1", "w3"]),
+    ([], []),
+    ([(0, 9), (5, 5)], []),  # ranks outside the round, or a rank and itself: ignored
+])
+def test_cut_off_blames_the_rank_that_failed_with_most_peers(pairs, blamed) -> None:
+    from dlcomm.launcher.rendezvous_server import _cut_off
+
+    assert _cut_off([f"w{i}" for i in range(4)], pairs) == blamed

@@ -59,8 +59,9 @@ class Events:
     """This worker's event log (one JSON object a line), or nothing without --events."""
 
     def __init__(self, directory: str) -> None:
-        worker = os.environ.get("DLCOMM_ELASTIC_WORKER", f"rank{os.getpid()}").split(":")[0]
-        self.path = Path(directory) / f"{worker}.jsonl" if directory else None
+        worker = os.environ.get("DLCOMM_ELASTIC_WORKER", f"rank{os.getpid()}::")
+        self.worker, self.host = worker.split(":")[:2]
+        self.path = Path(directory) / f"{self.worker}.jsonl" if directory else None
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -69,7 +70,8 @@ class Events:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(),
-                                "rank": hvd.rank(), "size": hvd.size(), **fields}) + "\n")
+                                "worker": self.worker, "host": self.host, "rank": hvd.rank(),
+                                "size": hvd.size(), **fields}) + "\n")
 
 
 def main() -> None:
@@ -96,6 +98,7 @@ def main() -> None:
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
         events.write("start", step=state.step, epoch=state.epoch)
+        first_step = True
         while state.epoch < args.epochs:
             indices = list(iter(state.sampler))
             for start in range(0, len(indices), args.batch_size):
@@ -106,6 +109,9 @@ def main() -> None:
                 if args.step_seconds:
                     time.sleep(args.step_seconds)
                 state.step += 1
+                if first_step:  # the first step after (re-)forming: recovery is over
+                    events.write("first_step", step=state.step)
+                    first_step = False
                 state.sampler.record_batch(start // args.batch_size, len(idx))
                 if state.step % args.commit_every == 0:
                     state.commit()

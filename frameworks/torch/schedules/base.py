@@ -177,6 +177,12 @@ class ScheduleBase:
             handle.wait()
         self._pending.clear()
 
+    def discard_in_flight(self) -> None:
+        """Forget the gradients in flight without waiting: the job lost a rank, so their
+        all-reduces failed, and elastic training restores the committed state next."""
+        self._pending.clear()
+        self._synchronized = False
+
     # --- the optimizer API ---------------------------------------------------------------
     def synchronize(self) -> None:
         raise NotImplementedError

@@ -123,6 +123,12 @@ class WFBPSchedule(ScheduleBase):
             self._delay[p] = self._passes
         self._synchronized = True
 
+    def discard_in_flight(self) -> None:
+        super().discard_in_flight()
+        self._ready_in_group.clear()
+        for p in self._delay:
+            self._delay[p] = self._passes
+
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes are accumulated before the all-reduce (Horovod's
         method; every rank must call it at the same step)."""

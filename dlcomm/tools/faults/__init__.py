@@ -1,0 +1,1 @@
+"""Fault injection for elastic jobs: ``dlcomm faults``."""
