@@ -428,8 +428,10 @@ def _launch_elastic(opts: LaunchOptions, env: dict[str, str], *, hosts: str | No
             return _error(f"elastic jobs run on this machine or its emulated cluster "
                           f"(--emulate); {name!r} is neither", EXIT_USAGE)
 
-    def exec_prefix(host: str) -> list[str]:
-        return [] if host in local else [*emulated, host]
+    def exec_prefix(host: str) -> list[str] | None:
+        if host in local:
+            return []
+        return [*emulated, host] if emulated and host.startswith("dlc-h") else None
 
     elastic = ElasticOptions(min_np=min_np, max_np=max_np, np=opts.np or max_np,
                              hosts=host_list, discovery_script=opts.discovery_script,

@@ -83,7 +83,7 @@ class ElasticDriver:
     """Starts, watches and re-forms the workers of one elastic job."""
 
     def __init__(self, opts: ElasticOptions, command: Sequence[str], env: Mapping[str, str],
-                 exec_prefix: Callable[[str], list[str]],
+                 exec_prefix: Callable[[str], list[str] | None],
                  log: Callable[[str], None] | None = None) -> None:
         self.opts, self.command, self.env = opts, list(command), dict(env)
         self.exec_prefix = exec_prefix
@@ -180,10 +180,16 @@ class ElasticDriver:
                 self._start(Place(host, index, slot))
 
     def _start(self, place: Place) -> None:
+        prefix = self.exec_prefix(place.host)
+        if prefix is None:
+            self._log(f"FAILURE: cannot start a worker on {place.host}: elastic jobs run on "
+                      "this machine or its emulated cluster; its slot is retired")
+            self.retired.add((place.host, place.slot))
+            return
         worker_id = f"w{next(self._ids)}"
         env = {**self.env, **_ROOT_ENV,
                WORKER_ENV: f"{worker_id}:{place.host}:{place.slot}"}
-        argv = [*self.exec_prefix(place.host), *self.command]
+        argv = [*prefix, *self.command]
         proc = subprocess.Popen(argv, env=env, start_new_session=True)
         self.workers[worker_id] = _Worker(worker_id, place, proc)
         self.rendezvous.add_worker(worker_id, place)
@@ -247,8 +253,9 @@ class ElasticDriver:
 
 
 def run_elastic(opts: ElasticOptions, command: Sequence[str], env: Mapping[str, str],
-                exec_prefix: Callable[[str], list[str]]) -> int:
-    """Run an elastic job; its exit code."""
+                exec_prefix: Callable[[str], list[str] | None]) -> int:
+    """Run an elastic job; its exit code. ``exec_prefix(host)``: the argv prefix that runs a
+    command on ``host`` ([] here), None for a host the driver cannot reach."""
     check_elastic_options(opts)
     return ElasticDriver(opts, command, env, exec_prefix).run()
 

@@ -1,0 +1,94 @@
+"""Elastic jobs end to end on this machine (``dlcommrun --min-np/--max-np``, real worker
+processes training ``elastic_digits``): a worker killed after a commit leaves a job that
+re-forms without it, loses no committed step, and names the failure in the driver's log; a
+slot added by the discovery script brings in a worker that receives the survivors' state
+and trains with them to the end."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from dlcomm.launcher.dlcommrun import without_enclosing_mpi_job
+from dlcomm.tools.faults.events import judge, read_events, running_workers, wait_for_commit
+
+TIMEOUT_S = 240
+
+
+def _start(tmp_path: Path, elastic_args: list[str], epochs: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "dlcomm.launcher.dlcommrun", *elastic_args,
+               sys.executable, "-m", "dlcomm.tools.faults.elastic_digits",
+               "--epochs", str(epochs), "--step-seconds", "0.02", "--commit-every", "4",
+               "--events", str(tmp_path / "events"), "--json", str(tmp_path / "result.json")]
+    log = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                            env=without_enclosing_mpi_job(os.environ))
+
+
+def _finish(proc: subprocess.Popen, tmp_path: Path) -> tuple[int, dict, str]:
+    try:
+        code = proc.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError("the elastic job did not finish:\n"
+                             + (tmp_path / "driver.log").read_text()[-5000:]) from None
+    log = (tmp_path / "driver.log").read_text()
+    result_path = tmp_path / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    return code, result, log
+
+
+def test_killed_worker_leaves_a_job_that_reforms_without_it(tmp_path: Path) -> None:
+    proc = _start(tmp_path, ["--min-np", "2", "--max-np", "3"], epochs=3)
+    try:
+        events = wait_for_commit(tmp_path / "events", 12, TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        raise AssertionError((tmp_path / "driver.log").read_text()[-5000:]) from None
+    victim = next(e for e in running_workers(events).values() if e["rank"] == 0)
+    fault_time = __import__("time").time()
+    os.kill(victim["pid"], signal.SIGKILL)  # rank 0: the state must come from a survivor
+    code, result, log = _finish(proc, tmp_path)
+    assert code == 0, log[-5000:]
+    assert f"FAILURE: worker {victim['worker']} on localhost" in log and "SIGKILL" in log
+    assert result["ranks"] == 2 and result["identical_parameters"], result
+    recovery = judge(read_events(tmp_path / "events"), fault_time)
+    assert recovery.ranks_after == 2
+    assert not recovery.committed_step_lost, recovery
+    assert result["steps"] > recovery.resumed_step
+
+
+def test_discovered_slot_brings_in_a_worker_with_the_survivors_state(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    proc = _start(tmp_path, ["--min-np", "2", "--max-np", "3",
+                             "--host-discovery-script", str(script)], epochs=4)
+    try:
+        wait_for_commit(tmp_path / "events", 8, TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        raise AssertionError((tmp_path / "driver.log").read_text()[-5000:]) from None
+    hosts.write_text("localhost:3\n")
+    code, result, log = _finish(proc, tmp_path)
+    assert code == 0, log[-5000:]
+    assert "hosts now localhost:3" in log and "started worker w2 on localhost slot 2" in log
+    assert result["ranks"] == 3 and result["identical_parameters"], result
+    events = read_events(tmp_path / "events")
+    joined = next(e for e in events if e["worker"] == "w2" and e["event"] == "start")
+    survivors_before = [e["step"] for e in events
+                        if e["event"] == "commit" and e["worker"] != "w2"
+                        and e["time"] < joined["time"]]
+    # The survivors stop at the commit that sees the new slot (it saves, then raises
+    # HostsUpdatedInterrupt) and all three start from it: the newcomer gets their state.
+    restarted = {e["worker"]: e["step"] for e in events
+                 if e["event"] == "start" and e["time"] >= joined["time"] - 1.0}
+    assert set(restarted) == {"w0", "w1", "w2"}, restarted
+    assert len(set(restarted.values())) == 1 and joined["step"] >= max(survivors_before) > 0
