@@ -43,7 +43,9 @@ class MLP(torch.nn.Module):
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=0.025,
+                   help="learning rate per rank: the optimizer's is this times the number of "
+                   "ranks, re-scaled whenever the job re-forms (the linear scaling rule)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     p.add_argument("--commit-every", type=int, default=5, help="steps between commits")
@@ -88,12 +90,19 @@ def main() -> None:
     x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test)
 
     model = MLP(inputs=x.shape[1])
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(),
+                                momentum=args.momentum)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(range(len(x_train)), shuffle=True, seed=args.seed)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0)
     events = Events(args.events)
-    state.register_reset_callbacks([lambda: events.write("reset")])
+
+    def on_reset() -> None:
+        for group in optimizer.param_groups:  # the global batch changed with the ranks
+            group["lr"] = args.lr * hvd.size()
+        events.write("reset")
+
+    state.register_reset_callbacks([on_reset])
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
