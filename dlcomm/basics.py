@@ -9,7 +9,7 @@ from typing import Any
 
 from dlcomm import runtime
 from dlcomm.comm.backend_select import nccl_available, nccl_version
-from dlcomm.config import knob_value, load_config
+from dlcomm.config import load_config
 from dlcomm.engine.request import Kind, Request, Signature
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.runtime import is_initialized, state
@@ -45,7 +45,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
     from dlcomm.comm.world import open_world  # noqa: PLC0415 - MPI start-up
     from dlcomm.engine.engine import Engine  # noqa: PLC0415 - MPI start-up
 
-    world = open_world(comm, dead_peer_s=knob_value("elastic_dead_peer_seconds"))
+    world = open_world(comm, dead_peer_s=config.elastic_dead_peer_seconds)
     rank, size = world.comm.rank, world.comm.size
     global_process_set.ranks = list(range(size))
     runtime.start(runtime.State(

@@ -272,7 +272,7 @@ KNOBS: tuple[Knob, ...] = (
          "In elastic jobs (dlcommrun --min-np/--max-np): seconds of silence after which a "
          "peer whose link is cut counts as lost (TCP keepalive probes every second). A "
          "killed process is noticed at once; a peer that is merely computing answers the "
-         "probes and is never declared lost.", where="elastic init"),
+         "probes and is never declared lost."),
 )
 
 # Knobs read where they are used (compression, collectives), not by init().
@@ -295,6 +295,7 @@ class Config:
     backend: str
     log_level: str
     compression: str
+    elastic_dead_peer_seconds: float
 
 
 def knob_value(name: str, argument: Any = None) -> Any:
