@@ -35,6 +35,7 @@ from dlcomm.errors import (
 )
 from dlcomm.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from dlcomm.process_sets import ProcessSet, global_process_set
+from dlcomm.tensorflow import elastic
 from dlcomm.tensorflow.compression import Compression, Compressor
 from dlcomm.tensorflow.functions import (
     _executing_eagerly,  # noqa: F401 - Horovod exposes it and its tests call it
@@ -85,5 +86,5 @@ __all__ = [
     "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",
     "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
     "process_set_included_op", "rank", "rank_op", "reducescatter", "remove_process_set",
-    "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline",
+    "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline", "elastic",
 ]

@@ -29,7 +29,7 @@ from dlcomm.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.tensorflow.compression import Compression
 from dlcomm.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
-from dlcomm.tensorflow.keras import callbacks
+from dlcomm.tensorflow.keras import callbacks, elastic
 from dlcomm.tensorflow.keras.optimizer import DistributedOptimizer
 from dlcomm.tensorflow.keras.value_ops import allgather, allreduce, broadcast, reducescatter
 from dlcomm.tensorflow.mpi_ops import barrier, join
@@ -42,5 +42,5 @@ __all__ = [
     "global_process_set", "gloo_built", "gloo_enabled", "init", "is_initialized", "join",
     "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
     "nccl_built", "rank", "reducescatter", "remove_process_set", "rocm_built", "shutdown",
-    "size", "start_timeline", "stop_timeline",
+    "size", "start_timeline", "stop_timeline", "elastic",
 ]
