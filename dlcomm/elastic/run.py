@@ -47,20 +47,31 @@ def run(func: F) -> F:
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)
-            except PeerLostError as exc:
-                if not elastic:
-                    raise
-                log.warning("dlcomm elastic: %s; rolling back to the last commit (number %d)", exc,
-                            state.commits)
-                state.restore()
-                skip_sync = False
             except HostsUpdatedInterrupt as exc:
                 if not elastic:
                     raise
                 skip_sync = exc.skip_sync
+            except Exception as exc:
+                lost = _lost_peer(exc)
+                if not elastic or lost is None:
+                    raise
+                log.warning("dlcomm elastic: %s; rolling back to the last commit (number %d)",
+                            lost, state.commits)
+                state.restore()
+                skip_sync = False
             _reform(state)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _lost_peer(exc: Exception) -> PeerLostError | None:
+    """The ``PeerLostError`` behind ``exc``: itself, or the one the engine stopped with when a
+    framework wrapped it into its own error (TensorFlow's graph functions raise an
+    ``UnknownError`` carrying only its text); None for any other failure."""
+    if isinstance(exc, PeerLostError):
+        return exc
+    error = runtime.state().engine.error if runtime.is_initialized() else None
+    return error if isinstance(error, PeerLostError) else None
 
 
 def _reform(state: State) -> None:

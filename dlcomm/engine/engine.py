@@ -202,6 +202,11 @@ class Engine:
         return self._thread.is_alive()
 
     @property
+    def error(self) -> DLCommError | None:
+        """The error the engine stopped with (None while it runs)."""
+        return self._error
+
+    @property
     def bytes_sent(self) -> int:
         return self.counter.total
 

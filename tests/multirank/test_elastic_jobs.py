@@ -2,7 +2,8 @@
 processes training ``elastic_digits``): a worker killed after a commit leaves a job that
 re-forms without it, loses no committed step, and names the failure in the driver's log; a
 slot added by the discovery script brings in a worker that receives the survivors' state
-and trains with them to the end."""
+and trains with them to the end; a Keras job (whose graph functions wrap dlcomm's errors in
+TensorFlow's) recovers the same way."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,10 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+from framework_required import require_framework
 
 from dlcomm.launcher.dlcommrun import without_enclosing_mpi_job
 from dlcomm.tools.faults.events import judge, read_events, running_workers, wait_for_commit
@@ -51,7 +55,7 @@ def test_killed_worker_leaves_a_job_that_reforms_without_it(tmp_path: Path) -> N
         proc.kill()
         raise AssertionError((tmp_path / "driver.log").read_text()[-5000:]) from None
     victim = next(e for e in running_workers(events).values() if e["rank"] == 0)
-    fault_time = __import__("time").time()
+    fault_time = time.time()
     os.kill(victim["pid"], signal.SIGKILL)  # rank 0: the state must come from a survivor
     code, result, log = _finish(proc, tmp_path)
     assert code == 0, log[-5000:]
@@ -92,3 +96,31 @@ def test_discovered_slot_brings_in_a_worker_with_the_survivors_state(tmp_path: P
                  if e["event"] == "start" and e["time"] >= joined["time"] - 1.0}
     assert set(restarted) == {"w0", "w1", "w2"}, restarted
     assert len(set(restarted.values())) == 1 and joined["step"] >= max(survivors_before) > 0
+
+
+def test_keras_job_recovers_from_a_killed_worker(tmp_path: Path) -> None:
+    require_framework("tensorflow", install="make install-tensorflow")
+    toy = Path(__file__).resolve().parents[1] / "keras_elastic_toy.py"
+    log = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlcomm.launcher.dlcommrun", "--min-np", "1", "--max-np", "2",
+         sys.executable, str(toy), str(tmp_path)],
+        stdout=log, stderr=subprocess.STDOUT, env=without_enclosing_mpi_job(os.environ))
+    deadline = time.monotonic() + TIMEOUT_S
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        lines = (tmp_path / "w1.log").read_text().split("\n") if (tmp_path / "w1.log").exists() \
+            else []
+        commits = [line.split() for line in lines if line.startswith("commit")]
+        if commits and int(commits[-1][1]) >= 20:
+            victim = int(commits[-1][2])
+        time.sleep(0.1)
+    assert victim is not None, (tmp_path / "driver.log").read_text()[-5000:]
+    os.kill(victim, signal.SIGKILL)
+    code, _, text = _finish(proc, tmp_path)
+    assert code == 0, text[-5000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result == {"ranks": 1, "identical": True, "steps": 100}, result
+    starts = [line.split() for line in (tmp_path / "w0.log").read_text().splitlines()
+              if line.startswith("start")]
+    assert len(starts) == 2 and starts[1][2] == "1" and int(starts[1][1]) >= 20, starts
