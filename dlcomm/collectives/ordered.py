@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm import kernels
 from dlcomm.collectives.buffers import (
     CommLike,
     check_comm,
@@ -33,26 +32,11 @@ from dlcomm.collectives.buffers import (
 from dlcomm.collectives.chunking import displacements, equal_counts, validate_counts
 from dlcomm.collectives.reduction import reduction_ufunc
 from dlcomm.comm.mesh_communicator import mesh_communicator
+from dlcomm.comm.rank_order import reduce_in_rank_order
 from dlcomm.ops import ReduceOp
 
 # An all-reduce whose p copies of the buffer take at most this many bytes gathers them whole.
 SMALL_GATHER_BYTES = 64 * 1024
-
-
-def reduce_in_rank_order(blocks: np.ndarray, out: np.ndarray, ufunc: np.ufunc) -> None:
-    """``out = blocks[0]``, then ``out = ufunc(blocks[j], out)`` for j = 1..p-1: every element
-    reduced in rank order. (The operand order matters only for which NaN payload survives;
-    it is the native float16 sum's, and MPI's for a user op: incoming first.)"""
-    np.copyto(out, blocks[0])
-    if out.size == 0:
-        return
-    # The native float16 sum returns numpy's bits faster (tests/unit/test_kernels.py).
-    fast_half_sum = out.dtype == np.float16 and ufunc is np.add and kernels.available()
-    for block in blocks[1:]:
-        if fast_half_sum:
-            kernels.float16_add_(block, out)
-        else:
-            ufunc(block, out, out=out)
 
 
 @raise_collective_errors

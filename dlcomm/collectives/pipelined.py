@@ -32,9 +32,9 @@ from dlcomm.collectives.buffers import (
     raise_collective_errors,
 )
 from dlcomm.collectives.chunking import displacements, equal_counts
-from dlcomm.collectives.ordered import reduce_in_rank_order
 from dlcomm.collectives.reduction import reduction_ufunc
 from dlcomm.collectives.tags import CollectiveTag
+from dlcomm.comm.rank_order import reduce_in_rank_order
 from dlcomm.config import parse_bytes
 from dlcomm.ops import ReduceOp
 

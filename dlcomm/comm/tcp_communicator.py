@@ -10,8 +10,8 @@ closed at once so that every rank blocked on this one fails too instead of hangi
 The all-reduce (and the reduce-scatter) is always the rank-ordered one: each rank receives
 every rank's copy of its own block (an all-to-all) and reduces them in rank order
 0, 1, ..., p-1, then the reduced blocks are all-gathered. Every rank thus gets the same bits,
-the bits of ``dlcomm.collectives.ordered`` (whose reduction order is copied here: the
-transport may not import the collectives layer), whatever the buffer size or fusion.
+the bits of ``dlcomm.collectives.ordered`` (both reduce with ``rank_order``), whatever the
+buffer size or fusion.
 
 Messages between two ranks arrive in the order sent (one TCP stream per pair), so there are
 no tags: every rank must make the same calls in the same order, on all the communicators
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from dlcomm import kernels
 from dlcomm.array_api import from_host, to_host
+from dlcomm.comm.rank_order import reduce_in_rank_order
 from dlcomm.comm.tcp_mesh import MeshError, TcpMesh
 from dlcomm.errors import DLCommError, PeerLostError
 from dlcomm.ops import ReduceOp, as_reduce_op
@@ -82,22 +82,6 @@ def _flat(buf: np.ndarray, what: str) -> np.ndarray:
     if not buf.flags.c_contiguous:
         raise ValueError(f"{what} must be a contiguous array")
     return buf.reshape(-1)
-
-
-def _reduce_in_rank_order(blocks: Sequence[np.ndarray], out: np.ndarray,
-                          ufunc: np.ufunc) -> None:
-    """``out = blocks[0]``, then ``out = ufunc(blocks[j], out)`` for j = 1..p-1, exactly as
-    ``dlcomm.collectives.ordered.reduce_in_rank_order`` (incoming operand first; the native
-    float16 sum gives numpy's bits faster), so both give the same bits."""
-    np.copyto(out, blocks[0])
-    if out.size == 0:
-        return
-    fast_half_sum = out.dtype == np.float16 and ufunc is np.add and kernels.available()
-    for block in blocks[1:]:
-        if fast_half_sum:
-            kernels.float16_add_(block, out)
-        else:
-            ufunc(block, out, out=out)
 
 
 class _Completed:
@@ -253,7 +237,7 @@ class TcpCommunicator:
         if send.nbytes * size <= SMALL_GATHER_BYTES:
             copies = np.empty((size, n), dtype=send.dtype)
             self._allgatherv(send, copies.reshape(-1), [n] * size)
-            _reduce_in_rank_order(list(copies), recv, ufunc)
+            reduce_in_rank_order(list(copies), recv, ufunc)
             return
         counts = _equal_counts(n, size)
         block = np.empty(counts[self.rank], dtype=send.dtype)
@@ -286,7 +270,7 @@ class TcpCommunicator:
         peers = self._peers()
         copies = {p: np.empty(mine, dtype=send.dtype) for p in peers}  # p's copy of block me
         self._exchange({p: send[at[p]:at[p + 1]] for p in peers}, copies)
-        _reduce_in_rank_order([own if p == me else copies[p] for p in range(self.size)],
+        reduce_in_rank_order([own if p == me else copies[p] for p in range(self.size)],
                               recv, ufunc)
 
     def allgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int]) -> None:

@@ -1,7 +1,8 @@
 """The TCP mesh on real ranks: all-to-all and all-gather with uneven and zero counts equal
-MPI's byte for byte on 2-5 ranks; ``DLCOMM_TCP_MESH=off``, or one rank without a usable
-address, leaves every rank on MPI and a bad value is refused; a rank that closes its
-connections makes the others fail with an error naming it, not hang."""
+MPI's byte for byte on 2-5 ranks, over MPI's communicator and the elastic jobs' TCP one;
+``DLCOMM_TCP_MESH=off``, or one rank without a usable address, leaves every rank on MPI and
+a bad value is refused; a rank that closes its connections makes the others fail with an
+error naming it, not hang."""
 from __future__ import annotations
 
 import json
@@ -11,38 +12,42 @@ import pytest
 from mpi_run import run_mpi
 
 EXCHANGES = r"""
-import json, sys
+import itertools, json, sys
 import numpy as np
 from mpi4py import MPI
 from dlcomm.comm.mesh_communicator import mesh_communicator
 from dlcomm.comm.mpi_backend import MPICommunicator
+from dlcomm.comm.tcp_communicator import TcpCommunicator
+from dlcomm.comm.tcp_mesh import TcpMesh
 
 comm = MPICommunicator(MPI.COMM_WORLD)
 p, r = comm.size, comm.rank
-mesh = mesh_communicator(comm)
+# MPI's collectives over the mesh (MeshCommunicator), and the elastic jobs' communicator
+# that has no MPI at all (TcpCommunicator): both must equal MPI byte for byte.
+over_mesh = [("mesh", mesh_communicator(comm)), ("tcp", TcpCommunicator(TcpMesh(comm)))]
 failures = []
 rng = np.random.default_rng(r)
 count_lists = [[3] * p, [(3 * i + 1) % 5 for i in range(p)], [0] * p,
                [0] * (p - 1) + [100_003], [1000 + 7 * i for i in range(p)]]
-for counts in count_lists:
-    for dtype in (np.float16, np.float32, np.int64):
-        mine = rng.integers(-100, 100, counts[r]).astype(dtype)
-        want = np.empty(sum(counts), dtype)
-        comm.allgatherv(mine, want, counts)
-        got = np.full_like(want, 7)
-        mesh.allgatherv(mine, got, counts)
-        if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
-            failures.append(f"allgatherv counts={counts} {np.dtype(dtype)}")
-        # all-to-all: rank r sends counts[(r + j) % p] elements to rank j
-        send_counts = [counts[(r + j) % p] for j in range(p)]
-        recv_counts = [counts[(j + r) % p] for j in range(p)]
-        send = rng.integers(-100, 100, sum(send_counts)).astype(dtype)
-        want = np.empty(sum(recv_counts), dtype)
-        comm.alltoallv(send, send_counts, want, recv_counts)
-        got = np.full_like(want, 7)
-        mesh.alltoallv(send, send_counts, got, recv_counts)
-        if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
-            failures.append(f"alltoallv counts={counts} {np.dtype(dtype)}")
+for (label, mesh), counts, dtype in itertools.product(
+        over_mesh, count_lists, (np.float16, np.float32, np.int64)):
+    mine = rng.integers(-100, 100, counts[r]).astype(dtype)
+    want = np.empty(sum(counts), dtype)
+    comm.allgatherv(mine, want, counts)
+    got = np.full_like(want, 7)
+    mesh.allgatherv(mine, got, counts)
+    if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+        failures.append(f"{label} allgatherv counts={counts} {np.dtype(dtype)}")
+    # all-to-all: rank r sends counts[(r + j) % p] elements to rank j
+    send_counts = [counts[(r + j) % p] for j in range(p)]
+    recv_counts = [counts[(j + r) % p] for j in range(p)]
+    send = rng.integers(-100, 100, sum(send_counts)).astype(dtype)
+    want = np.empty(sum(recv_counts), dtype)
+    comm.alltoallv(send, send_counts, want, recv_counts)
+    got = np.full_like(want, 7)
+    mesh.alltoallv(send, send_counts, got, recv_counts)
+    if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+        failures.append(f"{label} alltoallv counts={counts} {np.dtype(dtype)}")
 with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
     json.dump(failures, f)
 """

@@ -2,24 +2,21 @@
 ``runtime.state().elastic`` is None): ``ObjectState`` commit/restore/sync and reset
 callbacks, ``dlcomm.elastic.run`` without recovery, ``TorchState`` rolling back a model and
 its optimizer bit for bit, and ``ElasticSampler``'s shards for several (patched) rank
-counts. Lost and added workers are tested with the elastic driver in tests/tools."""
+counts. Lost and added workers are tested with the elastic driver in
+tests/multirank/test_elastic_jobs.py."""
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 from framework_required import require_framework
+from one_rank import one_rank_dlcomm
 
 import dlcomm
 import dlcomm.elastic
-from dlcomm import runtime
-from dlcomm.comm.rendezvous import RENDEZVOUS_ENV, WORKER_ENV
 from dlcomm.elastic import HostsUpdatedInterrupt, ObjectState, PeerLostError, State
-from dlcomm.launcher.dlcommrun import without_enclosing_mpi_job
 
 DATASET = 103  # not divisible by any of the rank counts below
 
@@ -27,30 +24,8 @@ DATASET = 103  # not divisible by any of the rank counts below
 @pytest.fixture(scope="module", autouse=True)
 def _one_rank() -> Iterator[None]:
     """``dlcomm.init()`` on this process alone (not an elastic job), shut down afterwards."""
-    saved = {k: os.environ.pop(k) for k in (RENDEZVOUS_ENV, WORKER_ENV) if k in os.environ}
-    started = not dlcomm.is_initialized()
-    dlcomm.init()
-    try:
-        assert dlcomm.size() == 1 and dlcomm.rank() == 0
-        assert runtime.state().elastic is None
+    with one_rank_dlcomm():
         yield
-    finally:
-        if started:
-            dlcomm.shutdown()
-            _drop_singleton_variables()
-        os.environ.update(saved)
-
-
-def _drop_singleton_variables() -> None:
-    """MPI_Init as a singleton puts its PMIx/ORTE variables in the C environment (not in
-    ``os.environ``); a later test's subprocess started without ``env=`` would inherit them
-    and take itself for a member of this process's MPI job. Remove them."""
-    out = subprocess.run(["env", "-0"], capture_output=True, check=True, timeout=30).stdout
-    names = {entry.partition(b"=")[0].decode(errors="replace")
-             for entry in out.split(b"\0") if entry}
-    kept = without_enclosing_mpi_job(dict.fromkeys(names, ""))
-    for name in names - set(kept) - set(os.environ):
-        os.unsetenv(name)
 
 
 @pytest.fixture

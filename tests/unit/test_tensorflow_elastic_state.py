@@ -6,13 +6,13 @@ the Keras callbacks commit every N batches and keep ``state.batch``/``state.epoc
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 from framework_required import require_framework
+from one_rank import one_rank_dlcomm
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -23,9 +23,6 @@ import dlcomm  # noqa: E402 - after the framework check
 import dlcomm.elastic  # noqa: E402
 import dlcomm.tensorflow as hvd  # noqa: E402
 import dlcomm.tensorflow.keras as khvd  # noqa: E402
-from dlcomm import runtime  # noqa: E402
-from dlcomm.comm.rendezvous import RENDEZVOUS_ENV, WORKER_ENV  # noqa: E402
-from dlcomm.launcher.dlcommrun import without_enclosing_mpi_job  # noqa: E402
 from dlcomm.tensorflow.elastic import TensorFlowKerasState, TensorFlowState  # noqa: E402
 from dlcomm.tensorflow.keras.elastic import (  # noqa: E402
     CommitStateCallback,
@@ -37,30 +34,8 @@ from dlcomm.tensorflow.keras.elastic import (  # noqa: E402
 @pytest.fixture(scope="module", autouse=True)
 def _one_rank() -> Iterator[None]:
     """``dlcomm.init()`` on this process alone (not an elastic job), shut down afterwards."""
-    saved = {k: os.environ.pop(k) for k in (RENDEZVOUS_ENV, WORKER_ENV) if k in os.environ}
-    started = not dlcomm.is_initialized()
-    dlcomm.init()
-    try:
-        assert dlcomm.size() == 1 and dlcomm.rank() == 0
-        assert runtime.state().elastic is None
+    with one_rank_dlcomm():
         yield
-    finally:
-        if started:
-            dlcomm.shutdown()
-            _drop_singleton_variables()
-        os.environ.update(saved)
-
-
-def _drop_singleton_variables() -> None:
-    """MPI_Init as a singleton puts its PMIx/ORTE variables in the C environment (not in
-    ``os.environ``); a later test's subprocess started without ``env=`` would inherit them
-    and take itself for a member of this process's MPI job. Remove them."""
-    out = subprocess.run(["env", "-0"], capture_output=True, check=True, timeout=30).stdout
-    names = {entry.partition(b"=")[0].decode(errors="replace")
-             for entry in out.split(b"\0") if entry}
-    kept = without_enclosing_mpi_job(dict.fromkeys(names, ""))
-    for name in names - set(kept) - set(os.environ):
-        os.unsetenv(name)
 
 
 X = np.random.default_rng(0).standard_normal((48, 6)).astype("float32")
