@@ -1,5 +1,6 @@
 """The TCP mesh on real ranks: all-to-all and all-gather with uneven and zero counts equal
-MPI's byte for byte on 2-5 ranks, over MPI's communicator and the elastic jobs' TCP one;
+MPI's byte for byte on 2-5 ranks, over MPI's communicator and the elastic jobs' TCP one, and
+``ordered_tcp``'s segmented pipeline gives ``ordered``'s bits (one job per rank count);
 ``DLCOMM_TCP_MESH=off``, or one rank without a usable address, leaves every rank on MPI and
 a bad value is refused; a rank that closes its connections makes the others fail with an
 error naming it, not hang."""
@@ -15,6 +16,8 @@ EXCHANGES = r"""
 import itertools, json, sys
 import numpy as np
 from mpi4py import MPI
+from dlcomm.collectives import get_allreduce_algorithm
+from dlcomm.collectives import ordered as ordered_module
 from dlcomm.comm.mesh_communicator import mesh_communicator
 from dlcomm.comm.mpi_backend import MPICommunicator
 from dlcomm.comm.tcp_communicator import TcpCommunicator
@@ -48,6 +51,27 @@ for (label, mesh), counts, dtype in itertools.product(
     mesh.alltoallv(send, send_counts, got, recv_counts)
     if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
         failures.append(f"{label} alltoallv counts={counts} {np.dtype(dtype)}")
+
+# --- ordered_tcp's segmented pipeline equals ordered over MPI byte for byte ---------------
+ordered_module.MESH_SEGMENT_BYTES = MESH_SEGMENT_BYTES = 1024  # many segments, small buffers
+world = MPI.COMM_WORLD
+ordered, ordered_tcp = (get_allreduce_algorithm(n) for n in ("ordered", "ordered_tcp"))
+# Blocks of about 2.5 segments (uneven: not divisible by the rank count), and of 17 segments
+# (more than the cap of 16), in float32 and float16, out of place and in place.
+for dtype, n in ((np.float32, int(2.5 * MESH_SEGMENT_BYTES / 4) * p + 7),
+                 (np.float16, 17 * MESH_SEGMENT_BYTES // 2 * p + 3)):
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)).astype(dtype)
+    want = np.empty_like(x)
+    ordered(world, x, want, "sum")
+    got = np.full_like(x, 7)
+    ordered_tcp(world, x, got, "sum")
+    if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+        failures.append(f"ordered_tcp out of place n={n} {np.dtype(dtype)}")
+    inplace = x.copy()
+    ordered_tcp(world, inplace, inplace, "max")
+    ordered(world, x, want, "max")
+    if not np.array_equal(inplace.view(np.uint8), want.view(np.uint8)):
+        failures.append(f"ordered_tcp in place max n={n} {np.dtype(dtype)}")
 with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
     json.dump(failures, f)
 """
@@ -126,42 +150,5 @@ def test_a_peer_that_closes_gives_an_error_not_a_hang(tmp_path: Path) -> None:
         assert error is not None and "rank 1 closed its TCP connection" in error
 
 
-PIPELINED = r"""
-import json, sys
-import numpy as np
-from mpi4py import MPI
-from dlcomm.collectives import get_allreduce_algorithm
-from dlcomm.collectives import ordered as ordered_module
-
-ordered_module.MESH_SEGMENT_BYTES = MESH_SEGMENT_BYTES = 1024  # many segments, small buffers
-comm = MPI.COMM_WORLD
-p, r = comm.Get_size(), comm.Get_rank()
-ordered, over_mesh = (get_allreduce_algorithm(n) for n in ("ordered", "ordered_tcp"))
-rng = np.random.default_rng(r)
-failures = []
-# Blocks of about 2.5 segments (uneven: not divisible by the rank count), and of 17 segments
-# (more than the cap of 16), in float32 and float16, out of place and in place.
-for dtype, n in ((np.float32, int(2.5 * MESH_SEGMENT_BYTES / 4) * p + 7),
-                 (np.float16, 17 * MESH_SEGMENT_BYTES // 2 * p + 3)):
-    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)).astype(dtype)
-    want = np.empty_like(x)
-    ordered(comm, x, want, "sum")
-    got = np.full_like(x, 7)
-    over_mesh(comm, x, got, "sum")
-    if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
-        failures.append(f"out of place n={n} {np.dtype(dtype)}")
-    inplace = x.copy()
-    over_mesh(comm, inplace, inplace, "max")
-    ordered(comm, x, want, "max")
-    if not np.array_equal(inplace.view(np.uint8), want.view(np.uint8)):
-        failures.append(f"in place max n={n} {np.dtype(dtype)}")
-with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
-    json.dump(failures, f)
-"""
 
 
-@pytest.mark.parametrize("np_ranks", [2, 3, 4, 5])
-def test_pipelined_segments_give_the_rank_order_bits(np_ranks: int, tmp_path: Path) -> None:
-    """ordered_tcp's segmented pipeline (scatter, reduce, all-gather per segment) equals
-    ordered over MPI byte for byte."""
-    _runs_without_failures(np_ranks, PIPELINED, tmp_path)
