@@ -59,15 +59,13 @@ for spec in specs:
             warnings.simplefilter("ignore")
             model.load_weights(path)
         first = 4
-    last = 4 if phase == "first" else 8
-    for step in range(first, last):
+    for step in range(first, 8):
         idx = slice(8 * step % 64, 8 * step % 64 + 8)
         model.train_on_batch(X[idx], Y[idx])
-    if phase == "first":
-        model.save_weights(path)
-    else:
-        flat = np.concatenate([w.reshape(-1) for w in model.get_weights()])
-        np.save(f"{out_dir}/{phase}_{tag}_{r}.npy", flat)
+        if phase == "full" and step == 3:  # the checkpoint, on the way
+            model.save_weights(path)
+    flat = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+    np.save(f"{out_dir}/{phase}_{tag}_{r}.npy", flat)
 print("OK", flush=True)
 '''
 

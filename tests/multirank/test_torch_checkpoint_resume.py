@@ -46,17 +46,15 @@ for spec in specs:
         # Horovod's pattern after loading: every rank keeps its own compression state.
         hvd.broadcast_optimizer_state(opt, root_rank=0)
         first = 4
-    last = 4 if phase == "first" else 8
-    for step in range(first, last):
+    for step in range(first, 8):
         idx = slice(8 * step % 64, 8 * step % 64 + 8)
         opt.zero_grad()
         F.cross_entropy(model(X[idx]), Y[idx]).backward()
         opt.step()
-    if phase == "first":
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, ckpt)
-    else:
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
-        np.save(f"{out_dir}/{phase}_{tag}_{r}.npy", flat)
+        if phase == "full" and step == 3:  # the checkpoint, on the way
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, ckpt)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    np.save(f"{out_dir}/{phase}_{tag}_{r}.npy", flat)
 print("OK", flush=True)
 '''
 
@@ -119,21 +117,19 @@ for config in configs:
             opt.load_state_dict(saved)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
         first = 4
-    last = 4 if phase == "first" else 8
-    for step in range(first, last):
+    for step in range(first, 8):
         idx = slice(8 * step % 64, 8 * step % 64 + 8)
         opt.zero_grad()
         F.cross_entropy(model(X[idx]), Y[idx]).backward()
         opt.step()
-    if phase == "first":
-        # The model first, in a file of its own: DeAR's pending updates must be in it.
-        torch.save(model.state_dict(), f"{out_dir}/model_{tag}_{r}.pt")
-        torch.save(opt.state_dict(), f"{out_dir}/opt_{tag}_{r}.pt")
-    else:
-        if schedule == "dear":
-            opt.flush()
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
-        np.save(f"{out_dir}/{phase}_{tag}_{r}.npy", flat)
+        if phase == "full" and step == 3:  # the checkpoint, on the way
+            # The model first, in a file of its own: DeAR's pending updates must be in it.
+            torch.save(model.state_dict(), f"{out_dir}/model_{tag}_{r}.pt")
+            torch.save(opt.state_dict(), f"{out_dir}/opt_{tag}_{r}.pt")
+    if schedule == "dear":
+        opt.flush()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    np.save(f"{out_dir}/{phase}_{tag}_{r}.npy", flat)
 if phase == "resume":  # a plan that does not fit the model, or another schedule's, is refused
     saved = torch.load(f"{out_dir}/opt_mgwfbp_topk_ratio_0.1_{r}.pt", weights_only=True)
     model = torch.nn.Sequential(torch.nn.Linear(24, 72), torch.nn.ReLU(), torch.nn.Linear(72, 5))

@@ -51,9 +51,8 @@ for mode in modes:
             warnings.simplefilter("ignore")
             opt.load_state_dict(saved)  # each rank its own: momentum differs under DS-Sync
         first = 4
-    last = 4 if phase == "first" else 8
     sizes = []
-    for step in range(first, last):
+    for step in range(first, 8):
         if tag == "lbbsp":
             b = opt.balancer
             start = step * b.global_batch + b.offsets()[r]
@@ -66,15 +65,14 @@ for mode in modes:
         opt.step()
         if step == 3:  # the checkpoint: taken by the uninterrupted run too
             model_state, opt_state = model.state_dict(), opt.state_dict()
-            if phase == "first":
+            if phase == "full":
                 torch.save(model_state, f"{out_dir}/model_{tag}_{r}.pt")
                 torch.save(opt_state, f"{out_dir}/opt_{tag}_{r}.pt")
-    if phase != "first":
-        if hasattr(opt, "synchronize_globally"):
-            opt.synchronize_globally()
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
-        np.save(f"{out_dir}/{phase}_{tag}_{r}.npy", flat)
-        np.save(f"{out_dir}/{phase}_{tag}_sizes_{r}.npy", np.array(sizes[-4:], dtype=np.int64))
+    if hasattr(opt, "synchronize_globally"):
+        opt.synchronize_globally()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    np.save(f"{out_dir}/{phase}_{tag}_{r}.npy", flat)
+    np.save(f"{out_dir}/{phase}_{tag}_sizes_{r}.npy", np.array(sizes[-4:], dtype=np.int64))
 print("OK", flush=True)
 '''
 

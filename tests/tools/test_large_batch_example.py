@@ -14,7 +14,7 @@ pytest.importorskip("sklearn")
 EXAMPLE = REPO / "examples" / "large_batch.py"
 
 
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [3])  # 3: batches that do not split evenly over the ranks
 def test_large_batch_example_runs_and_learns(np_, tmp_path):
     out = tmp_path / "summary.json"
     large = 48 * np_ * 2  # two accumulation passes of 48 per rank
