@@ -159,7 +159,7 @@ class ElasticDriver:
     def _log_round(self) -> None:
         members = self.rendezvous.members
         places = [self.workers[w].place for w in members if w in self.workers]
-        hosts = sorted({p.host for p in places}, key=lambda h: [p.host for p in places].index(h))
+        hosts = list(dict.fromkeys(p.host for p in places))  # in rank order, each once
         self._log(f"round {self.rendezvous.round_id} formed: {len(members)} rank(s) on "
                   f"{', '.join(hosts)}")
 

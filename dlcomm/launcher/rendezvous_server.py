@@ -135,19 +135,30 @@ class Rendezvous:
             self._cond.wait(_POLL_S)
 
     def _gather(self, round_id: int, sequence: int, rank: int, value: Any) -> Any:
+        lost = self._round_lost(round_id)
+        if lost:  # before touching the gathers: they belong to the current round
+            return lost
         values = self._gathers[sequence]
-        while True:
-            if round_id != self.round_id or self.broken is not None:
-                return {"lost": self.broken or f"round {round_id} was replaced"}
-            values[rank] = value
-            if len(values) == len(self.members):
-                self._cond.notify_all()
-                self._fetched[sequence] += 1
-                result = [values[r] for r in range(len(self.members))]
-                if self._fetched[sequence] == len(self.members):
-                    del self._gathers[sequence], self._fetched[sequence]
-                return result
+        values[rank] = value
+        while len(values) < len(self.members):
             self._cond.wait(_POLL_S)
+            lost = self._round_lost(round_id)
+            if lost:
+                return lost
+        lost = self._round_lost(round_id)  # woken late: the round may have been replaced
+        if lost:
+            return lost
+        self._cond.notify_all()
+        self._fetched[sequence] += 1
+        if self._fetched[sequence] == len(self.members):
+            del self._gathers[sequence], self._fetched[sequence]
+        return [values[r] for r in range(len(self.members))]
+
+    def _round_lost(self, round_id: int) -> dict[str, str] | None:
+        """The "lost" reply when round ``round_id`` is broken or replaced, else None."""
+        if round_id != self.round_id or self.broken is not None:
+            return {"lost": self.broken or f"round {round_id} was replaced"}
+        return None
 
     def _form_if_ready(self, now: float) -> list[str]:
         joining = [w for w in self._waiting if w in self.live]
