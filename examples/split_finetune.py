@@ -162,6 +162,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="samples per edge per step")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
+    p.add_argument("--lr-schedule", choices=("linear", "constant"), default="linear",
+                   help="linear: warm up over --warmup-ratio of the steps, then decay to 0 "
+                        "(the usual BERT fine-tuning schedule); constant: --lr throughout")
+    p.add_argument("--warmup-ratio", type=float, default=0.1,
+                   help="fraction of the training steps the linear schedule warms up over")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: keep)")
@@ -181,7 +186,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "log_every", "block_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0.0 <= args.warmup_ratio < 1.0:
+        p.error("--warmup-ratio must be in [0, 1)")
     return args
+
+
+def steps_per_epoch(args: argparse.Namespace, edges: int) -> int:
+    """Training steps per epoch: every edge takes one batch of its own shard per step, as
+    many as the smallest shard holds (so every edge takes the same number of steps)."""
+    return max(1, args.train_samples // max(1, edges) // args.batch_size)
+
+
+def lr_scheduler(args: argparse.Namespace, opt: torch.optim.Optimizer, edges: int
+                 ) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The learning-rate schedule of ``--lr-schedule`` over the whole run (edges and cloud
+    step it once per training step, so both sides follow the same curve), or None."""
+    if args.lr_schedule == "constant":
+        return None
+    total = args.epochs * steps_per_epoch(args, edges)
+    warmup = max(1, round(args.warmup_ratio * total)) if args.warmup_ratio else 0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 def split_model(args: argparse.Namespace, model: torch.nn.Module, activation_codec: Any,
@@ -252,28 +282,28 @@ def run_edge(args: argparse.Namespace, split: SplitModel, opt: torch.optim.Optim
     """Train and evaluate on this edge; what it measured."""
     e, edges = split.roles.edge_index, len(split.roles.edges)
     n = len(data["y"])
-    steps_per_epoch = max(1, n // (args.batch_size * edges))
+    steps = steps_per_epoch(args, edges)
+    scheduler = lr_scheduler(args, opt, edges)
     step_times, losses, epochs = [], [], []
     train_sent = train_received = 0
     shaper_before = shaper_reading(args.monitor_host)
     g = torch.Generator().manual_seed(args.seed + 1)
     for epoch in range(args.epochs):
-        order = torch.randperm(n, generator=g)  # every edge draws the same order ...
-        for step in range(steps_per_epoch):
-            base = step * args.batch_size * edges + e * args.batch_size  # ... its own slice
-            idx = order[base:base + args.batch_size]
-            if len(idx) == 0:
-                continue
+        order = torch.randperm(n, generator=g)  # a new order of this edge's shard
+        for step in range(steps):
+            idx = order[step * args.batch_size:(step + 1) * args.batch_size]
             sent0, recv0 = link_bytes(split)
             t0 = time.perf_counter()
             losses.append(train_step(split, opt, data["ids"][idx], data["mask"][idx],
                                      data["y"][idx], idx))
+            if scheduler is not None:
+                scheduler.step()
             step_times.append(time.perf_counter() - t0)
             sent1, recv1 = link_bytes(split)
             train_sent += sent1 - sent0
             train_received += recv1 - recv0
-            if (step + 1) % args.log_every == 0 or step + 1 == steps_per_epoch:
-                print(f"edge {e} epoch {epoch} step {step + 1}/{steps_per_epoch} loss "
+            if (step + 1) % args.log_every == 0 or step + 1 == steps:
+                print(f"edge {e} epoch {epoch} step {step + 1}/{steps} loss "
                       f"{statistics.fmean(losses[-args.log_every:]):.4f} bytes/step "
                       f"{(sent1 - sent0) + (recv1 - recv0)} ({sent1 - sent0} up, "
                       f"{recv1 - recv0} down) time/step {step_times[-1] * 1e3:.0f} ms",
@@ -383,7 +413,8 @@ def main(argv: list[str] | None = None) -> None:
                              "gradient": split.settings["gradient_codec"]}
         data = None
         if split.is_cloud:
-            record = {"cloud_steps": split.serve(opt)}
+            record = {"cloud_steps": split.serve(
+                opt, lr_scheduler(args, opt, len(split.roles.edges)))}
         else:
             roles = split.roles
             data = shard(args, tokenizer, roles.edge_index, len(roles.edges))
