@@ -59,6 +59,8 @@ def test_example_trains_through_the_split_and_counts_its_bytes(tmp_path: Path) -
     assert small["codecs"] == {"activation": LOWRANK, "gradient": LOWRANK + ",memory=feedback"}
     edges = small["per_rank"][1:]
     assert [len(r["epochs"]) for r in edges] == [2, 2]
+    # each edge walks its whole shard of 22 or 23 samples: 2 steps of 8 per epoch
+    assert [r["steps"] for r in edges] == [2 * (45 // 2 // 8)] * 2
     assert sum(r["epochs"][-1]["total"] for r in edges) == 20
     assert sum(r["uncompressed_eval"]["total"] for r in edges) == 20
     per_edge_dense = dense["bytes_per_step"]
