@@ -145,9 +145,7 @@ class Rendezvous:
             lost = self._round_lost(round_id)
             if lost:
                 return lost
-        lost = self._round_lost(round_id)  # woken late: the round may have been replaced
-        if lost:
-            return lost
+        # the lock was held from the last check to here: the round is still this one
         self._cond.notify_all()
         self._fetched[sequence] += 1
         if self._fetched[sequence] == len(self.members):
