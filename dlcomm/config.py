@@ -148,8 +148,10 @@ KNOBS: tuple[Knob, ...] = (
          "count, each rank's host, the emulated network), so later jobs skip the measurement; "
          "empty: ~/.cache/dlcomm/allreduce; 'off': measure in every job.",
          where="AutoAllreduce"),
-    Knob("hierarchical_leader_algorithm", "ring", str,
-         "Algorithm among host leaders inside the hierarchical all-reduce.",
+    Knob("hierarchical_leader_algorithm", "auto", str,
+         "Algorithm among host leaders inside the hierarchical all-reduce: auto (ring or "
+         "rhd per message size, from a cost model the leaders measure once), ring, rhd, "
+         "tree or mpi.",
          where="HierarchicalAllreduce"),
     Knob("hierarchical_ranks_per_host", 0, lambda t: int(t),
          "Force groups of this many consecutive ranks as 'hosts' (0: shared-memory split); "

@@ -34,7 +34,7 @@ _EXPORTS = {
     "ordered_tcp_reduce_scatter": "ordered",
     "pipelined_allreduce": "pipelined",
     "AutoAllreduce": "selection",
-    "CostModel": "selection",
+    "CostModel": "cost_model",
     "auto_allreduce": "selection",
     "auto_reduce_scatter": "selection",
     "built_model": "selection",

@@ -15,6 +15,7 @@ messages stay 16-bit, so the network carries the same bytes as the 16-bit path.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 
 import numpy as np
@@ -26,6 +27,7 @@ from dlcomm.collectives.buffers import (
     is_same_buffer,
     raise_collective_errors,
 )
+from dlcomm.collectives.cost_model import CostModel, cache_directory, measured_model, topology_key
 from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.mpi_allreduce import mpi_allreduce
 from dlcomm.collectives.reduction import reduction_ufunc
@@ -52,7 +54,11 @@ LEADER_ALGORITHMS: dict[str, Callable[..., np.ndarray]] = {
     "rhd": rhd_allreduce,
     "tree": tree_allreduce,
 }
-DEFAULT_LEADER_ALGORITHM = "ring"
+# ``auto``: ``ring`` or ``rhd`` for each message size, from a cost model the leaders measure
+# among themselves (or read from the all-reduce model cache) when the instance is built.
+AUTO_LEADER_ALGORITHM = "auto"
+AUTO_LEADER_CANDIDATES = ("ring", "rhd")
+DEFAULT_LEADER_ALGORITHM = AUTO_LEADER_ALGORITHM
 # Leader algorithms that add 16-bit messages into a float32 accumulator; with the others a
 # widened reduction rounds the host's sum once and the leaders reduce in 16 bits.
 WIDENED_LEADER_ALGORITHMS: dict[str, Callable[..., None]] = {
@@ -71,8 +77,8 @@ def _check_leader_algorithm(name: object) -> str:
     """Require one of the flat algorithm names (``native``: the earlier name of ``mpi``)."""
     key = name.strip().lower() if isinstance(name, str) else name
     key = "mpi" if key == "native" else key
-    if key not in LEADER_ALGORITHMS:
-        valid = ", ".join(LEADER_ALGORITHMS)
+    if key not in LEADER_ALGORITHMS and key != AUTO_LEADER_ALGORITHM:
+        valid = ", ".join([AUTO_LEADER_ALGORITHM, *LEADER_ALGORITHMS])
         raise ValueError(f"unknown hierarchical_leader_algorithm {name!r}; valid: {valid}")
     return key
 
@@ -94,7 +100,11 @@ class HierarchicalAllreduce:
 
     Constructing it is collective over ``comm`` (it splits the communicator twice); call
     it like the flat algorithms: ``h(sendbuf, recvbuf, op)``.
-    ``hierarchical_leader_algorithm`` is the flat algorithm among leaders;
+    ``hierarchical_leader_algorithm`` is the flat algorithm among leaders, or ``auto``
+    (default): ``ring`` or ``rhd`` chosen per message size by a cost model the leaders
+    measure among themselves when this is built (read from the file cache of ``auto``'s
+    models when one is there; with one or two hosts the two exchange the same messages and
+    ``ring`` is used without measuring);
     ``hierarchical_ranks_per_host`` replaces the shared-memory split by groups of that many
     consecutive ranks (0 or None: no override), which lets a single machine, where every
     rank shares memory, exercise the multi-host path.
@@ -141,6 +151,21 @@ class HierarchicalAllreduce:
         self.leader_comm = comm.split(0 if self.is_leader else None, key=rank) or NULL
         # Every rank learns the host count, so all ranks can report the same topology.
         self.host_count = sum(comm.allgather(1 if self.is_leader else 0))
+        self.leader_model: CostModel | None = None
+        if self.leader_algorithm == AUTO_LEADER_ALGORITHM and self.host_count > 2:
+            model = _measure_leaders(self.leader_comm) if self.is_leader else None
+            # Every rank holds the leaders' model, so every rank can say what they will run.
+            data = self.local_comm.bcast_object(None if model is None else model.to_json())
+            self.leader_model = CostModel.from_json(data)
+
+    def leader_algorithm_for(self, nbytes: int) -> str:
+        """The flat algorithm the leaders run on a message of ``nbytes`` (the same on every
+        leader: they share one cost model)."""
+        if self.leader_algorithm != AUTO_LEADER_ALGORITHM:
+            return self.leader_algorithm
+        if self.leader_model is None:  # one or two hosts: ring and rhd send the same
+            return "ring"
+        return self.leader_model.choose(nbytes)
 
     def __call__(
         self,
@@ -179,19 +204,21 @@ class HierarchicalAllreduce:
         if widening is not None:
             accumulator = widened_binomial_reduce(self.local_comm, send, ufunc, widening)
             if self.is_leader:
-                widened = WIDENED_LEADER_ALGORITHMS.get(self.leader_algorithm)
+                name = self.leader_algorithm_for(recv.nbytes)
+                widened = WIDENED_LEADER_ALGORITHMS.get(name)
                 if widened is not None:
                     widened(self.leader_comm, accumulator, recv, ufunc, widening)
                 else:
                     widening.narrow(accumulator, recv)
-                    LEADER_ALGORITHMS[self.leader_algorithm](self.leader_comm, recv, recv, op)
+                    LEADER_ALGORITHMS[name](self.leader_comm, recv, recv, op)
             binomial_broadcast_inplace(self.local_comm, recv, 0)
             return recv
         if not is_same_buffer(send, recv):
             np.copyto(recv, send)
         binomial_reduce_inplace(self.local_comm, recv, ufunc, 0)
         if self.is_leader:
-            LEADER_ALGORITHMS[self.leader_algorithm](self.leader_comm, recv, recv, op)
+            LEADER_ALGORITHMS[self.leader_algorithm_for(recv.nbytes)](
+                self.leader_comm, recv, recv, op)
         binomial_broadcast_inplace(self.local_comm, recv, 0)
         return recv
 
@@ -200,11 +227,12 @@ class HierarchicalAllreduce:
         if bfloat16:
             if dtype != np.uint16:
                 raise TypeError(f"bfloat16=True needs uint16 bfloat16 bit patterns, got {dtype}")
-            if self.leader_algorithm not in WIDENED_LEADER_ALGORITHMS and self.host_count > 1:
+            if (self.leader_algorithm not in (AUTO_LEADER_ALGORITHM, *WIDENED_LEADER_ALGORITHMS)
+                    and self.host_count > 1):
                 raise ValueError(
-                    f"bfloat16 buffers need hierarchical_leader_algorithm 'ring' or 'rhd' among "
-                    f"several hosts (got {self.leader_algorithm!r}): the others would add bit "
-                    "patterns as integers"
+                    f"bfloat16 buffers need hierarchical_leader_algorithm 'auto', 'ring' or "
+                    f"'rhd' among several hosts (got {self.leader_algorithm!r}): the others "
+                    "would add bit patterns as integers"
                 )
             return Widening(np.dtype(np.uint16))
         if dtype == np.float16 and self.fp32_accumulation and ufunc in _ROUNDING_UFUNCS:
@@ -225,6 +253,16 @@ class HierarchicalAllreduce:
         )
 
 
+def _measure_leaders(leader_comm: CommLike) -> CostModel:
+    """The ring/rhd cost model among the host leaders (collective over ``leader_comm``),
+    cached like ``auto``'s models (``DLCOMM_ALLREDUCE_MODEL_CACHE``)."""
+    hosts = leader_comm.allgather(socket.gethostname())
+    key = topology_key(hosts, AUTO_LEADER_CANDIDATES, 0, os.environ.get("DLCOMM_EMULATE", ""))
+    functions = {name: LEADER_ALGORITHMS[name] for name in AUTO_LEADER_CANDIDATES}
+    model, _ = measured_model(leader_comm, functions, key, cache_directory())
+    return model
+
+
 def cached_hierarchical_allreduce(
     comm: CommLike,
     *,
@@ -235,8 +273,8 @@ def cached_hierarchical_allreduce(
     """The ``HierarchicalAllreduce`` for ``comm`` and these settings, built on first use.
 
     Collective over ``comm`` on the first call for a given setting. Settings left as
-    ``None`` come from ``DLCOMM_HIERARCHICAL_LEADER_ALGORITHM`` (default ``ring``),
-    ``DLCOMM_HIERARCHICAL_RANKS_PER_HOST`` (default 0: the shared-memory split) and
+    ``None`` come from ``DLCOMM_HIERARCHICAL_LEADER_ALGORITHM`` (default ``auto``: ring or
+    rhd by size), ``DLCOMM_HIERARCHICAL_RANKS_PER_HOST`` (default 0: the shared-memory split) and
     ``DLCOMM_HIERARCHICAL_FP32_ACCUMULATION`` (default 1).
     """
     comm = check_comm(comm)

@@ -76,8 +76,12 @@ def hop_bound(hosts):
 
 
 for rph in (1, 2, 3, 0):
-    new = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=rph)
+    # ring leaders for both, so "one rank per host rounds alike" compares like with like
+    # (the default, auto, may run rhd among 3+ leaders; test_hierarchical_leader_choice)
+    new = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=rph,
+                                hierarchical_leader_algorithm="ring")
     old = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=rph,
+                                hierarchical_leader_algorithm="ring",
                                 hierarchical_fp32_accumulation=False)
     rhd = HierarchicalAllreduce(comm, hierarchical_ranks_per_host=rph,
                                 hierarchical_leader_algorithm="rhd")
@@ -230,15 +234,15 @@ p, r = world.Get_size(), world.Get_rank()
 # host names say several hosts with several ranks each; the forced split matches them.
 socket.gethostname = lambda: f"pretend-host-{r // 2}"
 
-from dlcomm.collectives import HierarchicalAllreduce, hierarchical, selection
+from dlcomm.collectives import HierarchicalAllreduce, cost_model, hierarchical, selection
 from dlcomm.collectives.pipelined import segment_bytes_from_env
 
 hosts = [f"pretend-host-{i // 2}" for i in range(p)]
-key = selection.topology_key(hosts, selection.ANY_CANDIDATES, segment_bytes_from_env())
+key = cost_model.topology_key(hosts, selection.ANY_CANDIDATES, segment_bytes_from_env())
 if r == 0:  # a cached model in which hierarchical is the fastest at every size
     seconds = {name: (1.0, 1.0, 1.0) for name in selection.ANY_CANDIDATES}
     seconds["hierarchical"] = (1e-3, 1e-3, 1e-3)
-    model = selection.CostModel(key, selection.PROBE_SIZES, seconds)
+    model = cost_model.CostModel(key, cost_model.PROBE_SIZES, seconds)
     Path(os.environ["DLCOMM_ALLREDUCE_MODEL_CACHE"], f"{key}.json").write_text(
         json.dumps(model.to_json()))
 world.Barrier()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dlcomm.collectives import pipelined, selection
-from dlcomm.collectives.selection import CostModel, LinearCost, fit_linear
+from dlcomm.collectives import cost_model, pipelined
+from dlcomm.collectives.cost_model import CostModel, LinearCost, fit_linear
 
 
 def test_fit_recovers_an_exact_line_and_stays_non_negative() -> None:
@@ -62,7 +62,7 @@ def test_prediction_interpolates_measured_points_and_extrapolates_by_the_last_sl
 def test_model_round_trips_through_json_and_refuses_other_versions() -> None:
     model = _model()
     assert CostModel.from_json(json.loads(json.dumps(model.to_json()))) == model
-    data = model.to_json() | {"version": selection.MODEL_VERSION + 1}
+    data = model.to_json() | {"version": cost_model.MODEL_VERSION + 1}
     with pytest.raises(ValueError, match="version"):
         CostModel.from_json(data)
     with pytest.raises(ValueError, match="increasing"):
@@ -74,39 +74,39 @@ def test_model_round_trips_through_json_and_refuses_other_versions() -> None:
 
 
 def test_cache_directory_follows_the_knob(tmp_path: Path) -> None:
-    assert selection.cache_directory(environ={}) == Path.home() / ".cache/dlcomm/allreduce"
+    assert cost_model.cache_directory(environ={}) == Path.home() / ".cache/dlcomm/allreduce"
     env = {"DLCOMM_ALLREDUCE_MODEL_CACHE": str(tmp_path)}
-    assert selection.cache_directory(environ=env) == tmp_path
-    assert selection.cache_directory(environ={"DLCOMM_ALLREDUCE_MODEL_CACHE": "OFF"}) is None
-    assert selection.cache_directory("off", environ=env) is None  # the argument wins
+    assert cost_model.cache_directory(environ=env) == tmp_path
+    assert cost_model.cache_directory(environ={"DLCOMM_ALLREDUCE_MODEL_CACHE": "OFF"}) is None
+    assert cost_model.cache_directory("off", environ=env) is None  # the argument wins
     with pytest.raises(TypeError, match="path string"):
-        selection.cache_directory(3, environ={})
+        cost_model.cache_directory(3, environ={})
 
 
 def test_cache_files_are_written_whole_and_bad_ones_ignored(tmp_path: Path) -> None:
     model = CostModel("p4-h1-abc", (1, 2), {"ordered": (1e-3, 2e-3)})
-    selection._write_cached(tmp_path / "new", model)
-    assert selection._read_cached(tmp_path / "new", "p4-h1-abc") == model
+    cost_model.write_cached(tmp_path / "new", model)
+    assert cost_model.read_cached(tmp_path / "new", "p4-h1-abc") == model
     assert list((tmp_path / "new").iterdir()) == [tmp_path / "new" / "p4-h1-abc.json"]
-    assert selection._read_cached(tmp_path / "new", "p4-h1-other") is None
+    assert cost_model.read_cached(tmp_path / "new", "p4-h1-other") is None
     (tmp_path / "new" / "p4-h1-bad.json").write_text("{not json")
-    assert selection._read_cached(tmp_path / "new", "p4-h1-bad") is None
-    assert selection._read_cached(None, "p4-h1-abc") is None
-    selection._write_cached(None, model)  # 'off': nothing written, no error
+    assert cost_model.read_cached(tmp_path / "new", "p4-h1-bad") is None
+    assert cost_model.read_cached(None, "p4-h1-abc") is None
+    cost_model.write_cached(None, model)  # 'off': nothing written, no error
     blocked = tmp_path / "file"
     blocked.write_text("")
-    selection._write_cached(blocked / "sub", model)  # cannot create: silently skipped
+    cost_model.write_cached(blocked / "sub", model)  # cannot create: silently skipped
 
 
 def test_topology_key_names_what_the_measurement_depends_on() -> None:
-    key = selection.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"], 1 << 20)
+    key = cost_model.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"], 1 << 20)
     assert key.startswith("p4-h2-")
-    assert key == selection.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"],
+    assert key == cost_model.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"],
                                          1 << 20)
-    others = [selection.topology_key(["a", "b", "a", "b"], ["ordered", "pipelined"], 1 << 20),
-              selection.topology_key(["a", "a", "b", "b"], ["ordered"], 1 << 20),
-              selection.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"], 1 << 19),
-              selection.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"], 1 << 20,
+    others = [cost_model.topology_key(["a", "b", "a", "b"], ["ordered", "pipelined"], 1 << 20),
+              cost_model.topology_key(["a", "a", "b", "b"], ["ordered"], 1 << 20),
+              cost_model.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"], 1 << 19),
+              cost_model.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"], 1 << 20,
                                      "2x1gbit")]
     assert len({key, *others}) == 5
 
