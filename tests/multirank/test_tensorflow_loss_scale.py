@@ -1,8 +1,8 @@
 """Keras' LossScaleOptimizer under dlcomm's DistributedOptimizer on real ranks: a
 mixed_bfloat16 model (float32 variables), one rank's gradients made non-finite at two steps;
 every rank must skip exactly those steps, halve the same scale and end with identical
-variables, also when a compressor may drop the inf (randomk without error feedback, which
-keeps 1% of the elements)."""
+variables, also when a compressor may drop the inf (randomk keeping 1% of the elements), and
+a skipped step clears the compressor's error-feedback memory, where the inf went."""
 import json
 
 import pytest
@@ -53,7 +53,20 @@ def train_step(x, y, poison):
 
 
 inject = {2: 1 % n, 5: n - 1}  # step -> the one rank whose gradients overflow
-stepped, scales = [], []
+compressor = opt._dlcomm.allreducer.engine_compressor
+
+
+def memory_finite(state):
+    # error-feedback residuals (and any other float state) hold no inf/NaN
+    if isinstance(state, dict):
+        return all(memory_finite(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(memory_finite(v) for v in state)
+    a = np.asarray(state)
+    return not np.issubdtype(a.dtype, np.floating) or bool(np.isfinite(a).all())
+
+
+stepped, scales, finite = [], [], []
 for step in range(8):
     rng = np.random.default_rng(100 * step + r)
     x = rng.normal(size=(3 + 2 * r, 40)).astype("float32")
@@ -63,19 +76,23 @@ for step in range(8):
     stepped.append(any(not np.array_equal(b, v.numpy())
                        for b, v in zip(before, model.trainable_variables)))
     scales.append(float(opt.dynamic_scale.numpy()))
+    finite.append(compressor is None or memory_finite(compressor.state_dict()))
 flat = np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
 with open(f"{out}/rank{r}.json", "w") as f:
-    json.dump({"stepped": stepped, "scales": scales, "params": flat.tolist()}, f)
+    json.dump({"stepped": stepped, "scales": scales, "finite": finite,
+               "params": flat.tolist()}, f)
 '''
 
 
-@pytest.mark.parametrize("compression,np_", [("none", 3), ("randomk:ratio=0.01,ef=0", 2)])
+@pytest.mark.parametrize("compression,np_", [("none", 3), ("randomk:ratio=0.01,ef=1", 2)])
 def test_loss_scale_optimizer_ranks_skip_together(compression, np_, tmp_path):
     run_mpi(np_, SCRIPT, tmp_path, timeout=400, env=QUIET, args=[str(tmp_path), compression])
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(np_)]
     for r, res in enumerate(results):
         assert res["stepped"] == [True, True, False, True, True, False, True, True], (r, res)
         assert res["scales"] == results[0]["scales"], r
+        # a skipped step clears the compressor's memory, which took in the inf
+        assert res["finite"] == [True] * 8, (r, res["finite"])
         assert res["params"] == results[0]["params"], f"rank {r} variables differ from rank 0"
     scales = results[0]["scales"]
     assert scales[2] == 512.0 and scales[5] < scales[4], scales

@@ -7,7 +7,8 @@ and hands them to the wrapped optimizer's own ``apply``, so clipping, weight dec
 scaling and EMA see the averaged gradients, as in Horovod. A ``LossScaleOptimizer`` is
 accepted: a flag saying whether this rank's local gradients held an inf/NaN travels in the
 same all-reduce as the gradients, and the wrapper's ``check_finite`` fails on every rank when
-any rank's flag was set, so all ranks skip the same steps and keep the same scale. With
+any rank's flag was set, so all ranks skip the same steps and keep the same scale; a skipped
+step also clears the compressor's error-feedback memory, which took in the inf. With
 ``backward_passes_per_step=N`` gradients are summed locally in optimizer variables and
 all-reduced and applied every N-th call only.
 
@@ -107,6 +108,8 @@ class _DistributedOptimizer:
         flag = tf.reshape(tf.cast(tf.logical_not(local_finite), tf.float32), [1])
         reduced = s.allreducer([*grads, flag], [*variables, _OVERFLOW_FLAG])
         s.any_rank_overflowed = tf.reduce_any(reduced[-1] > 0)
+        if s.allreducer.engine_compressor is not None:
+            _reset_memory_on_overflow(s.allreducer.engine_compressor, s.any_rank_overflowed)
         try:
             return base.apply(reduced[:-1], variables)
         finally:
@@ -153,6 +156,19 @@ class _DistributedOptimizer:
 
 
 COMPRESSION_STATE_KEY = "dlcomm_compression"
+
+
+def _reset_memory_on_overflow(compressor: Any, overflowed: Any) -> None:
+    """Clear the compressor's error-feedback memory on the step every rank skips: the inf
+    went into it, and would come back in a later step (as torch's ``LossScaler`` does)."""
+
+    def reset(flag: Any) -> Any:
+        if bool(flag):
+            compressor.reset_state()
+        return flag
+
+    # stateful, so tf.function keeps it; it reads the flag, so it runs after the exchange
+    tf.numpy_function(reset, [overflowed], tf.bool, stateful=True)
 
 
 class _OverflowFlagLabel:
