@@ -59,6 +59,11 @@ def test_lists_and_job_commands() -> None:
     assert "--emulate" not in ours  # one rank has no network to emulate
     assert ours[ours.index("--schedule") + 1] == "dear"
     assert ours[ours.index("--num-iters") + 1] == "2"
+    assert "--slots-per-host" not in ddp  # one rank per emulated host: dlcommrun's default
+    hosts = train.TrainSettings(model="tiny", emulate="2x1gbit", slots_per_host=2)
+    two_by_two = train.job_command("dlcomm", 4, "htopk", "wfbp", hosts, "/tmp/x.json")
+    assert two_by_two[:7] == ["dlcommrun", "-np", "4", "--emulate", "2x1gbit",
+                              "--slots-per-host", "2"]
 
 
 def _fake_jobs(monkeypatch: pytest.MonkeyPatch, speeds: dict[str, list[float]]) -> list:

@@ -57,6 +57,7 @@ class TrainSettings:
     lr: float = 0.01  # per rank, scaled by the rank count
     momentum: float = 0.9
     emulate: str | None = None  # emulated cluster of the multi-rank jobs
+    slots_per_host: int = 1  # ranks per emulated host
 
     def example_args(self) -> list[str]:
         return ["--model", self.model, "--batch-size", str(self.batch_size),
@@ -80,6 +81,8 @@ def job_command(framework: str, np_: int, compression: str, schedule: str,
     cmd = ["dlcommrun", "-np", str(np_)]
     if settings.emulate and np_ > 1:
         cmd += ["--emulate", settings.emulate]
+        if settings.slots_per_host > 1:
+            cmd += ["--slots-per-host", str(settings.slots_per_host)]
     cmd += [sys.executable, str(EXAMPLE), "--framework", framework, *settings.example_args(),
             "--compression", compression, "--json", json_path]
     if framework == "dlcomm":
@@ -170,7 +173,9 @@ def measure(np_: int, configs: list[str], schedules: list[str], settings: TrainS
         total = statistics.median(totals)
         row: dict[str, Any] = {
             "compression": compression, "schedule": schedule, "model": settings.model,
-            "ranks": np_, "emulate": settings.emulate or "", "batch_size": settings.batch_size,
+            "ranks": np_, "emulate": settings.emulate or "",
+            "slots_per_host": settings.slots_per_host if settings.emulate else 1,
+            "batch_size": settings.batch_size,
             "steps": runs[-1]["steps"], "lr": runs[-1]["lr"], "momentum": runs[-1]["momentum"],
             "total_samples_per_s": total, "per_rank_samples_per_s": total / np_,
             "ms_per_iteration": 1e3 * settings.batch_size * np_ / total,
@@ -286,6 +291,8 @@ def register(actions: argparse._SubParsersAction) -> None:
                    help="skip the one-rank jobs (no scaling efficiency)")
     p.add_argument("--emulate", default=None, help="run the multi-rank jobs on an emulated "
                    "cluster, e.g. 4x1gbit (needs root)")
+    p.add_argument("--slots-per-host", type=int, default=1,
+                   help="ranks per emulated host (dlcommrun's option; with --emulate)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="bar chart PNG")
     p.set_defaults(func=main)
@@ -294,7 +301,7 @@ def register(actions: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.np < 1:
         raise SystemExit("--np must be >= 1")
-    for name in ("repeats", "iters", "batches_per_iter", "batch_size"):
+    for name in ("repeats", "iters", "batches_per_iter", "batch_size", "slots_per_host"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
@@ -303,7 +310,8 @@ def main(args: argparse.Namespace) -> int:
     if set(peers) - set(PEERS):
         raise SystemExit(f"--peers: unknown {sorted(set(peers) - set(PEERS))}; valid: ddp, none")
     settings = TrainSettings(args.model, args.batch_size, args.iters, args.batches_per_iter,
-                             args.warmup, args.lr, args.momentum, args.emulate)
+                             args.warmup, args.lr, args.momentum, args.emulate,
+                             args.slots_per_host)
     start = time.time()
     rows = measure(args.np, parse_list(args.configs), parse_list(args.schedules), settings,
                    args.repeats, peers, scaling=not args.no_scaling)
