@@ -7,8 +7,9 @@ held-out accuracy. The global batch is split over the ranks and, past ``--max-mi
 samples per rank, over gradient-accumulation passes (``backward_passes_per_step``), so a
 global batch of thousands fits a few processes. Batches are cut from a stream of shuffled
 epochs, so every run sees the same number of samples (``--epochs`` times the training set),
-also with a global batch larger than the training set (8k to 64k on the 4,000-image subset). Runs (``--runs``): ``small:sgd`` (the
-baseline, ``--small-batch``), ``large:sgd`` (linearly scaled rate with warm-up),
+also with a global batch larger than the training set (8k to 64k on the 4,000-image subset).
+Runs (``--runs``): ``small:sgd`` (the baseline, ``--small-batch``), ``large:sgd`` (linearly
+scaled rate with warm-up),
 ``large:lars`` and ``large:lamb`` (``--large-batch``, warm-up then polynomial decay).
 ``--bf16`` computes in bfloat16 under autocast (float32 master weights) with dlcomm's
 LossScaler, whose overflow decision every rank shares.
