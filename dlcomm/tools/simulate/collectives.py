@@ -6,7 +6,8 @@ all-gather of whole buffers when they are small), ring, recursive halving-doubli
 (Rabenseifner, with the fold for non-powers of two), binomial tree (reduce + broadcast),
 hierarchical (tree inside a host, a flat algorithm among host leaders), ring and ordered
 reduce-scatter and the all-gather (DeAR's halves), all-gather of unequal payloads (top-k,
-sign methods) and gTop-k's recursive-doubling merge tree.
+sign methods), gTop-k's recursive-doubling merge tree and the all-gather among peers (one
+rank per host, htopk's PEER round).
 
 Placement: ranks fill hosts in order. A step whose partners sit on one host costs
 ``alpha_local + bytes * beta_local``; one that crosses hosts costs ``alpha + bytes * beta``,
@@ -286,6 +287,17 @@ def size_exchange(topo: Topology) -> Cost:
     for k in range(_log2_ceil(topo.workers)):
         cost = cost + _exchange_step(0.0, topo, 1 << k)
     return cost
+
+
+def peer_allgather(per_rank: float, topo: Topology) -> Cost:
+    """Ring all-gather of ``per_rank`` bytes among peers, the ranks with one local rank on
+    every host (htopk's PEER round): ``hosts - 1`` steps that all cross the network, with
+    the ``slots_per_host`` peer groups running at once and so sharing each host's link."""
+    per_rank = _check_bytes(per_rank)
+    if topo.hosts == 1:
+        return ZERO_COST
+    step = link_step(per_rank, topo, crosses=True, sharing=topo.slots_per_host)
+    return step.times(topo.hosts - 1) + Cost(overhead=1.0)
 
 
 def gtopk_merge_tree(pair_bytes: float, topo: Topology) -> Cost:

@@ -7,7 +7,8 @@ compressors' code (tests compare them with real payloads). Compute cost per tens
 measured (``python -m dlcomm.tools.bench.compression_throughput`` through
 ``dlcomm simulate calibrate --compressors``) or estimated from the device: bytes of memory
 traffic per element, FLOPs per element and kernel launches per tensor (``COST_MODELS``;
-assumptions listed in docs/simulation.md).
+assumptions listed in docs/simulation.md). A round spans every rank unless ``groups`` says
+HOST or PEER (``htopk``, whose payloads depend on the shards, one per rank of a host).
 """
 from __future__ import annotations
 
@@ -22,12 +23,17 @@ from dlcomm.tools.simulate.devices import Device
 from dlcomm.tools.simulate.workload import Tensor
 
 ALLREDUCE, ALLGATHER, SPARSE_MERGE = "allreduce", "allgather", "sparse_merge"
+REDUCE_SCATTER = "reduce_scatter"
+# The ranks a round spans (dlcomm.compression.base's groups): all, this rank's host, or the
+# ranks with this rank's local rank on every host.
+WORLD, HOST, PEER = "world", "host", "peer"
 
 # The defaults of dlcomm's compressor constructors (a test checks them against the library).
 DEFAULT_PARAMS: dict[str, dict[str, object]] = {
     "topk": {"ratio": 0.01, "approx": False},
     "randomk": {"ratio": 0.01},
     "gtopk": {"ratio": 0.01},
+    "htopk": {"ratio": 0.01},
     "qsgd": {"levels": 16, "bucket": 512},
     "powersgd": {"rank": 4},
     "acpsgd": {"rank": 4},
@@ -56,6 +62,10 @@ COST_MODELS: dict[str, CostModel] = {
     "topk-approx": CostModel(40.0, 8.0, gather_bytes_per_element=12.0),
     "randomk": CostModel(24.0, 4.0),
     "gtopk": CostModel(224.0, 8.0),
+    # Not measured yet: exact top-k's estimate (selection over all n elements, an upper bound
+    # as htopk selects over one shard of n / S; error feedback over n as topk), and adding
+    # the other hosts' pairs of a shard (``compute_seconds``).
+    "htopk": CostModel(224.0, 6.0, gather_bytes_per_element=12.0),
     "efsignsgd": CostModel(36.0, 6.0, gather_bytes_per_element=8.125),
     "signum": CostModel(12.0, 3.0, gather_bytes_per_element=8.125),
     "qsgd": CostModel(24.0, 5.0, gather_bytes_per_element=9.0),
@@ -97,6 +107,7 @@ class CompressorModel:
     cast: str | None
     rounds: tuple[str, ...]
     summable: bool
+    groups: tuple[str, ...] = ()  # per round, the ranks it spans (empty: all of them)
 
     @classmethod
     def parse(cls, spec: str) -> CompressorModel:
@@ -109,7 +120,14 @@ class CompressorModel:
                              f"{', '.join(COST_MODELS)}")
         library = get_compressor(spec)
         merged = {**DEFAULT_PARAMS.get(name, {}), **params}
-        return cls(spec.strip(), name, merged, cast, tuple(library.rounds), library.summable)
+        return cls(spec.strip(), name, merged, cast, tuple(library.rounds), library.summable,
+                   tuple(library.groups))
+
+    @property
+    def round_groups(self) -> tuple[str, ...]:
+        """Per round, the ranks its collective spans: WORLD, HOST or PEER (as the library's
+        ``Compressor.groups``)."""
+        return self.groups or (WORLD,) * len(self.rounds)
 
     @property
     def is_dense(self) -> bool:
@@ -126,10 +144,18 @@ class CompressorModel:
     def _value_bytes(self) -> int:
         return 2 if self.cast in ("fp16", "bf16") else 4
 
-    def round_payloads(self, tensor: Tensor, step: int = 0) -> list[tuple[str, float]]:
-        """(collective kind, bytes one rank contributes) for each round on ``tensor``."""
+    def round_payloads(self, tensor: Tensor, step: int = 0,
+                       shards: int = 1) -> list[tuple[str, float]]:
+        """(collective kind, bytes one rank contributes) for each round on ``tensor``; the
+        group each round spans is ``round_groups``. ``shards`` (the ranks per host) matters
+        to ``htopk`` alone, whose bytes are those of local rank 0 (owner of shard 0; other
+        owners' differ by at most one element or pair, as shards differ by one element)."""
         n, v = tensor.numel, self._value_bytes()
         p = self.params
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards must be an int >= 1 (ranks per host), got {shards!r}")
+        if self.name == "htopk":
+            return _htopk_payloads(float(p["ratio"]), n, v, shards)
         if self.name == "none":
             return [(ALLREDUCE, float(tensor.nbytes))]
         if self.name == "fp16":
@@ -180,19 +206,29 @@ class CompressorModel:
         return None
 
     def compute_seconds(self, tensor: Tensor, workers: int, device: Device,
-                        measured: Mapping[str, MeasuredCost] | None = None) -> float:
+                        measured: Mapping[str, MeasuredCost] | None = None,
+                        shards: int = 1) -> float:
         """One rank's compress + decompress of ``tensor`` (and the aggregation of every
         rank's payload for all-gather compressors) on ``device``, or from ``measured``
-        (keyed by spec) when it holds this compressor."""
+        (keyed by spec) when it holds this compressor. ``shards`` (ranks per host) matters
+        to ``htopk``: a shard's owner adds the pairs of the ``workers / shards - 1`` other
+        hosts."""
         if self.is_dense:
             return 0.0
         model = COST_MODELS[self._cost_key()]
         gathered = 0.0
-        if model.gather_bytes_per_element and workers > 1:
-            elements = _k(float(self.params["ratio"]), tensor.numel) if self.name == "topk" \
-                else tensor.numel
+        shards = max(int(shards), 1)
+        others = max(workers // shards, 1) - 1 if self.name == "htopk" else workers - 1
+        if model.gather_bytes_per_element and others > 0:
+            ratio = float(self.params.get("ratio", 0.0))
+            if self.name == "topk":
+                elements = _k(ratio, tensor.numel)
+            elif self.name == "htopk":  # the pairs of one shard from every other host
+                elements = _k(ratio, max(tensor.numel // shards, 1))
+            else:
+                elements = tensor.numel
             gathered = device.seconds_for(
-                0.0, model.gather_bytes_per_element * elements * (workers - 1))
+                0.0, model.gather_bytes_per_element * elements * others)
         found = self._measured(measured) if measured else None
         if found is not None:
             return found.per_tensor_s + found.per_element_s * tensor.numel + gathered
@@ -200,6 +236,18 @@ class CompressorModel:
         flops = model.flops_per_rank * rank * tensor.numel
         return (model.launches * device.launch_s
                 + device.seconds_for(flops, model.bytes_per_element * tensor.numel) + gathered)
+
+
+def _htopk_payloads(ratio: float, n: int, v: int, shards: int) -> list[tuple[str, float]]:
+    """htopk's rounds for local rank 0 (dlcomm.compression.htopk): the whole tensor into the
+    host's reduce-scatter, the ``k`` indices of its shard to the host, ``k`` pairs to its
+    peers, its dense shard sum to the host. Shard 0 has ``n // shards`` elements (empty, and
+    nothing selected, when ``n < shards``)."""
+    length = n // shards  # shard_bounds: shard j is [n j // shards, n (j + 1) // shards)
+    k = _k(ratio, length) if length else 0
+    index = _index_bytes(n)  # indices are flat positions in the whole tensor
+    return [(REDUCE_SCATTER, float(n * v)), (ALLGATHER, float(k * index)),
+            (ALLGATHER, float(k * (v + index))), (ALLGATHER, float(length * v))]
 
 
 def load_measured_costs(path: str | Path) -> dict[str, MeasuredCost]:

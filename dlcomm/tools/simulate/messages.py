@@ -12,6 +12,11 @@ its all-gather (the choice an MPI tuned for the network would make). The engine'
 reduce-scatter (DeAR's first half) is the ``ordered`` one under ``ordered`` and MPI's own
 (a ring) under every other algorithm. Compression runs on the engine's thread, so its time
 occupies the channel.
+
+Rounds over a HOST or PEER group (``htopk``) run on sub-communicators: a HOST round is MPI's
+collective on one host (``Topology(1, slots)``: local links only), a PEER round a ring
+all-gather among the hosts in which every rank of a host crosses at once
+(``collectives.peer_allgather``); only PEER rounds put bytes on the network link.
 """
 from __future__ import annotations
 
@@ -22,10 +27,19 @@ from functools import lru_cache
 import numpy as np
 
 from dlcomm.tools.simulate import collectives
-from dlcomm.tools.simulate.compressors import ALLGATHER, ALLREDUCE, SPARSE_MERGE, MeasuredCost
+from dlcomm.tools.simulate.compressors import (
+    ALLGATHER,
+    ALLREDUCE,
+    HOST,
+    PEER,
+    REDUCE_SCATTER,
+    SPARSE_MERGE,
+    WORLD,
+    MeasuredCost,
+)
 from dlcomm.tools.simulate.devices import Device
 from dlcomm.tools.simulate.methods import Method
-from dlcomm.tools.simulate.network import Cost, Network
+from dlcomm.tools.simulate.network import Cost, Network, Topology
 from dlcomm.tools.simulate.workload import Tensor
 
 
@@ -49,6 +63,11 @@ class MessageCost:
 
 NOTHING = MessageCost(0.0, 0.0, 0.0, 0.0)
 MPI_ALLREDUCE = "mpi_allreduce"
+# htopk's rounds over a group (MessageModel.collective's kinds), by (library kind, group).
+HOST_REDUCE_SCATTER, HOST_ALLGATHER, PEER_ALLGATHER = (
+    "host_reduce_scatter", "host_allgather", "peer_allgather")
+GROUP_KINDS = {(REDUCE_SCATTER, HOST): HOST_REDUCE_SCATTER, (ALLGATHER, HOST): HOST_ALLGATHER,
+               (ALLGATHER, PEER): PEER_ALLGATHER}
 # The float32 sizes dlcomm's MG-WFBP times its all-reduce at to fit alpha and beta
 # (dlcomm.torch.schedules.cost_model.DEFAULT_PROBE_BYTES; the simulator loads no torch).
 MGWFBP_PROBE_BYTES = (4 << 10, 64 << 10, 512 << 10, 2 << 20)
@@ -94,6 +113,16 @@ class MessageModel:
             cost = collectives.ring_reduce_scatter(nbytes, topo)
         elif kind == "ringallgather":
             cost = collectives.ring_allgather(nbytes, topo)
+        elif kind == HOST_REDUCE_SCATTER:  # MPI's reduce-scatter on one host
+            cost = collectives.ring_reduce_scatter(nbytes, Topology(1, topo.slots_per_host))
+        elif kind == HOST_ALLGATHER:
+            host = Topology(1, topo.slots_per_host)
+            cost = self._fastest(collectives.ring_allgather(nbytes, host),
+                                 collectives.bruck_allgather(nbytes, host))
+            cost = cost + collectives.size_exchange(host)
+        elif kind == PEER_ALLGATHER:  # sizes among the hosts first (latency only)
+            peers = Topology(topo.hosts, 1, topo.oversubscription)
+            cost = collectives.peer_allgather(nbytes, topo) + collectives.size_exchange(peers)
         else:
             raise ValueError(f"unknown collective kind {kind!r}")
         return self._from_cost(cost, nbytes)
@@ -101,7 +130,9 @@ class MessageModel:
     def collective(self, kind: str, nbytes: float) -> MessageCost:
         """One collective: ``allreduce`` (the method's algorithm), ``mpi_allreduce`` (MPI's),
         ``allgather`` (payloads of ``nbytes`` per rank, through MPI), ``sparse_merge``
-        (gTop-k's tree), ``reducescatter`` or ``ringallgather`` (DeAR's halves)."""
+        (gTop-k's tree), ``reducescatter`` or ``ringallgather`` (DeAR's halves),
+        ``host_reduce_scatter``, ``host_allgather`` or ``peer_allgather`` (htopk's rounds
+        over a host or among the hosts, ``GROUP_KINDS``)."""
         return self._collective(kind, float(nbytes))
 
     def dense_allreduce(self, nbytes: float) -> MessageCost:
@@ -110,7 +141,21 @@ class MessageModel:
 
     def _compute(self, tensor: Tensor) -> float:
         return self.compressor.compute_seconds(tensor, self.network.workers, self.device,
-                                               self.measured_costs)
+                                               self.measured_costs, self._shards)
+
+    @property
+    def _shards(self) -> int:
+        """htopk's shards: the ranks of a host (every host has as many here)."""
+        return self.network.topology.slots_per_host
+
+    def _round_kind(self, kind: str, group: str) -> str:
+        """This model's collective for a compressor round of ``kind`` over ``group``."""
+        if group == WORLD:
+            return MPI_ALLREDUCE if kind == ALLREDUCE else kind
+        if (kind, group) not in GROUP_KINDS:
+            raise ValueError(f"{self.compressor.name}: the simulator has no model of a "
+                             f"{kind} round over the {group} group")
+        return GROUP_KINDS[kind, group]
 
     def _applies(self, tensor: Tensor) -> bool:
         m = self.method
@@ -142,9 +187,9 @@ class MessageModel:
                 continue
             compute = self._compute(t)
             total = total + MessageCost(compute, 0.0, 0.0, compute)
-            for kind, nbytes in c.round_payloads(t, step):
-                total = total + self.collective(MPI_ALLREDUCE if kind == ALLREDUCE else kind,
-                                                nbytes)
+            rounds = c.round_payloads(t, step, self._shards)
+            for (kind, nbytes), group in zip(rounds, c.round_groups):
+                total = total + self.collective(self._round_kind(kind, group), nbytes)
         return total
 
     def reduce_scatter(self, nbytes: float) -> MessageCost:
