@@ -1,0 +1,13 @@
+#!/bin/bash
+# Issue 25 item 4: time per iteration of dense, top-k, gTop-k and htopk on the 25 MB mlp.
+cd "$(git rev-parse --show-toplevel)"
+out=${OUT:-topk_emulated}; mkdir -p $out
+uptime > $out/uptime_start.txt
+DLCOMM_HIERARCHICAL_RANKS_PER_HOST=2 dlcomm bench train --np 4 --emulate 2x1gbit --slots-per-host 2 --model mlp \
+  --configs "none;topk:ratio=0.01;gtopk:ratio=0.01;htopk:ratio=0.01" --peers none --no-scaling \
+  --repeats 3 --iters 3 --batches-per-iter 3 --warmup 3 --json $out/2x2.json > $out/2x2.log 2>&1
+uptime > $out/uptime_mid.txt
+DLCOMM_HIERARCHICAL_RANKS_PER_HOST=1 dlcomm bench train --np 4 --emulate 4x1gbit --model mlp \
+  --configs "none;topk:ratio=0.01;gtopk:ratio=0.01;htopk:ratio=0.01" --peers none --no-scaling \
+  --repeats 3 --iters 3 --batches-per-iter 3 --warmup 3 --json $out/4x1.json > $out/4x1.log 2>&1
+uptime > $out/uptime_end.txt
