@@ -11,3 +11,7 @@ DLCOMM_HIERARCHICAL_RANKS_PER_HOST=1 dlcomm bench train --np 4 --emulate 4x1gbit
   --configs "none;topk:ratio=0.01;gtopk:ratio=0.01;htopk:ratio=0.01" --peers none --no-scaling \
   --repeats 3 --iters 3 --batches-per-iter 3 --warmup 3 --json $out/4x1.json > $out/4x1.log 2>&1
 uptime > $out/uptime_end.txt
+# Later the same morning (07:21 UTC): approximate against exact selection, with dense.
+dlcomm bench train --np 4 --emulate 4x1gbit --model mlp \
+  --configs "none;topk:ratio=0.01,approx=1;topk:ratio=0.01" --peers none --no-scaling \
+  --repeats 3 --iters 3 --batches-per-iter 3 --warmup 3 --json $out/4x1_approx.json > $out/4x1_approx.log 2>&1
