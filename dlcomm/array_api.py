@@ -57,13 +57,9 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 
 def scale_into(src: object, factor: float, out: object) -> None:
     """``out[...] = src * factor``, computed as Horovod scales on the CPU: float16 in float32,
-    float32 and integers in float64 (the factor stays a double), then rounded (integers
-    truncated) once into ``out``'s dtype. For float32 that makes an average the correctly
-    rounded quotient, as Horovod's and DDP's are: a float32 factor ``1/3`` is one unit in the
-    last place off, and so was the result."""
+    integers in float64, then rounded (integers truncated) once into ``out``'s dtype."""
     xp = array_namespace(out)
     kind = np.dtype(src.dtype).kind  # type: ignore[attr-defined]
-    source = np.dtype(src.dtype)  # type: ignore[attr-defined]
-    dtype = (np.float32 if source == np.float16
-             else np.float64 if kind in "iub" or source == np.float32 else None)
+    dtype = (np.float32 if np.dtype(src.dtype) == np.float16  # type: ignore[attr-defined]
+             else np.float64 if kind in "iub" else None)
     xp.multiply(src, factor, out=out, dtype=dtype, casting="unsafe")
