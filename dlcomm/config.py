@@ -169,6 +169,12 @@ KNOBS: tuple[Knob, ...] = (
          "it), mgwfbp (merged by a measured cost model), dear (reduce-scatter in backward, "
          "all-gather in the next forward), none (after backward). See docs/schedules.md.",
          where="DistributedOptimizer"),
+    Knob("fused_update", "off", str,
+         "How the wrapped optimizer updates the parameters: off (as the user built it), "
+         "foreach (torch's multi-tensor update, bitwise equal to the per-tensor loop), fused "
+         "(torch's fused kernel where the optimizer has one, else foreach; rounds differently "
+         "from the loop, fastest on CPU). See docs/compression.md.",
+         where="DistributedOptimizer"),
     Knob("sync", "bsp", str,
          "How DistributedOptimizer synchronises: bsp (average gradients over all ranks), "
          "dssync:group_size=S (average parameters within shuffled groups of S), "

@@ -15,6 +15,7 @@ import torch
 from dlcomm.ops import Average, ReduceOp, as_reduce_op
 from dlcomm.process_sets import ProcessSet, global_process_set
 from dlcomm.torch.compression import NoneCompressor, resolve
+from dlcomm.torch.fused_update import configure_update, resolve_fused_update
 from dlcomm.torch.heterogeneity import make_sync_optimizer, resolve_loss_tolerance, resolve_sync
 from dlcomm.torch.schedules import make_scheduled_optimizer, resolve_schedule
 
@@ -26,7 +27,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          num_groups: int = 0, groups: Any = None, sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set,
                          schedule: str | None = None, sync: str | None = None,
-                         loss_tolerance: float | None = None) -> torch.optim.Optimizer:
+                         loss_tolerance: float | None = None,
+                         fused_update: str | None = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that gradients are averaged over ranks before each step.
 
     ``compression``: ``Compression.none``/``fp16``, a dlcomm compressor
@@ -37,6 +39,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     ``DLCOMM_SCHEDULE`` (default wfbp). ``sync``: ``bsp`` (default), ``dssync:group_size=S``
     or ``lbbsp:global_batch=B``, None to follow ``DLCOMM_SYNC``; ``loss_tolerance`` > 0
     (0 follows ``DLCOMM_LOSS_TOLERANCE``): DLCP bounded-loss exchange (docs/heterogeneity.md).
+    ``fused_update``: ``off``, ``foreach`` or ``fused`` (torch's multi-tensor update paths),
+    None to follow ``DLCOMM_FUSED_UPDATE`` (default off); the result's
+    ``update_implementation`` says what its groups use (docs/compression.md).
     """
     schedule = resolve_schedule(schedule)
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -60,6 +65,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if compression is not NoneCompressor and sparse_as_dense is False and any(
             p.is_sparse for p in all_params):
         raise ValueError("compression is not supported for sparse parameters")
+    fused_update = resolve_fused_update(fused_update)
     sync_mode, sync_options = resolve_sync(sync)
     tolerance = resolve_loss_tolerance(loss_tolerance)  # None: DLCOMM_LOSS_TOLERANCE
     options = dict(named_parameters=named_parameters, compression=compression,
@@ -71,9 +77,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             raise ValueError(f"sync={sync_mode!r}/loss_tolerance replace the all-reduce "
                              f"schedule; drop schedule={schedule!r} (LB-BSP also takes "
                              f"schedule='none')")
-        return make_sync_optimizer(sync_mode, sync_options, tolerance, optimizer, schedule,
-                                   **options)
-    return make_scheduled_optimizer(schedule, optimizer, **options)
+        wrapped = make_sync_optimizer(sync_mode, sync_options, tolerance, optimizer, schedule,
+                                      **options)
+    else:
+        wrapped = make_scheduled_optimizer(schedule, optimizer, **options)
+    wrapped.update_implementation = configure_update(wrapped, type(optimizer), fused_update)
+    return wrapped
 
 
 def _make_groups(num_groups: int, groups: Any, params: list[torch.Tensor]

@@ -34,6 +34,7 @@ EXTERNAL_ACTIONS: dict[str, str] = {
     "fl-schedule": "dlcomm.tools.bench.fl_schedule",
     "kfac": "dlcomm.tools.bench.kfac",
     "cache": "dlcomm.tools.bench.data_cache",
+    "update": "dlcomm.tools.bench.update",
 }
 
 

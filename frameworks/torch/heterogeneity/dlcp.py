@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from dlcomm.heterogeneity.dlcp import BoundedLossExchange, ExchangeStats
+from dlcomm.torch.fused_update import wrapped_step
 from dlcomm.torch.schedules.base import build
 
 
@@ -57,7 +58,7 @@ class BoundedLossOptimizer:
     def step(self, closure: Any = None) -> Any:
         """Exchange gradients with bounded loss, then step the wrapped optimizer."""
         self.synchronize()
-        return self._optimizer_class.step(self, closure)
+        return wrapped_step(self, self._optimizer_class, closure)
 
     def drain(self) -> None:
         """Complete late receives and sends of the last exchange (no pending request left)."""

@@ -33,6 +33,7 @@ import torch
 from dlcomm.heterogeneity.dssync import GroupCycle, average_in_group
 from dlcomm.heterogeneity.global_sync import GlobalSyncPoints
 from dlcomm.torch.compression_state import SYNC_STATE_KEY, pop_sync_state
+from dlcomm.torch.fused_update import wrapped_step
 from dlcomm.torch.schedules.base import build
 from dlcomm.torch.tensor_bridge import to_numpy, write_back
 
@@ -77,7 +78,7 @@ class DSSyncOptimizer:
     def step(self, closure: Any = None) -> Any:
         """Step on the local gradient, then average parameters within this step's group."""
         self._global.check(self.sync_step)
-        result = self._optimizer_class.step(self, closure)
+        result = wrapped_step(self, self._optimizer_class, closure)
         waiting = self._global.waiting_check(self.sync_step)
         with torch.no_grad():
             for params in self._by_dtype:

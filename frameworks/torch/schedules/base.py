@@ -29,6 +29,7 @@ from dlcomm.torch.compression_state import (
     to_numpy,
     to_torch,
 )
+from dlcomm.torch.fused_update import wrapped_step
 from dlcomm.torch.gradient_allreduce import momentum_after_allreduce, start_gradient_allreduce
 
 _instances = itertools.count()  # optimizers are built in the same order on every rank
@@ -123,7 +124,7 @@ class ScheduleBase:
     # --- helpers -------------------------------------------------------------------------
     def _base_step(self, closure: Any = None) -> Any:
         """The wrapped optimizer's own ``step`` (no synchronisation, no hooks)."""
-        return self._optimizer_class.step(self, closure)
+        return wrapped_step(self, self._optimizer_class, closure)
 
     def _scales(self) -> tuple[float, float]:
         if self._op is Average:  # the engine applies Average's 1/size after the sum
