@@ -47,7 +47,11 @@ from dlcomm.compression.base import (
     check_op,
 )
 from dlcomm.compression.sparsify import check_ratio, k_for, scatter_dense, zero_at
-from dlcomm.compression.topk_select import exact_topk_indices, index_dtype
+from dlcomm.compression.topk_select import (
+    approx_topk_indices,
+    exact_topk_indices,
+    index_dtype,
+)
 from dlcomm.compression.topology import HostTopology
 
 
@@ -57,9 +61,11 @@ def shard_bounds(n: int, shards: int) -> list[int]:
     return [n * j // shards for j in range(shards + 1)]
 
 
-def shard_topk(host_sum: object, ratio: float, shards: int) -> list:
+def shard_topk(host_sum: object, ratio: float, shards: int, approx: bool = False) -> list:
     """Per shard, the sorted flat indices of its ``k_for(ratio, len)`` largest magnitudes
-    (none for an empty shard)."""
+    (none for an empty shard); ``approx``: about that many, by the threshold search of
+    ``topk:approx=1``."""
+    select = approx_topk_indices if approx else exact_topk_indices
     xp = array_namespace(host_sum)
     bounds = shard_bounds(host_sum.size, shards)
     out = []
@@ -67,7 +73,7 @@ def shard_topk(host_sum: object, ratio: float, shards: int) -> list:
         if hi == lo:
             out.append(xp.arange(0))
         else:
-            out.append(exact_topk_indices(host_sum[lo:hi], k_for(ratio, hi - lo)) + lo)
+            out.append(select(host_sum[lo:hi], k_for(ratio, hi - lo)) + lo)
     return out
 
 
@@ -78,9 +84,10 @@ class HierarchicalTopK(Compressor):
     rounds = (REDUCE_SCATTER, ALLGATHER, ALLGATHER, ALLGATHER)
     round_groups = (HOST, HOST, PEER, HOST)
 
-    def __init__(self, ratio: float = 0.01, **kwargs: object) -> None:
+    def __init__(self, ratio: float = 0.01, approx: bool = False, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.ratio = check_ratio(ratio)
+        self.approx = bool(approx)
 
     def _compress(self, tensor: object, name: str) -> tuple[list, Context]:
         flat = tensor.reshape(-1)
@@ -113,7 +120,7 @@ class HierarchicalTopK(Compressor):
             if not topology.owns_shard:
                 return [xp.empty(0, dtype=itype)], ctx
             shard = reduced[0].reshape(-1)
-            picked = shard_topk(shard, self.ratio, 1)[0]
+            picked = shard_topk(shard, self.ratio, 1, self.approx)[0]
             ctx.data["sent"] = [shard[picked], (picked + lo).astype(itype)]
             return [ctx.data["sent"][1]], ctx
         if ctx.round == 2:  # reduced: every local rank's indices; send my selection to peers
@@ -157,4 +164,4 @@ class HierarchicalTopK(Compressor):
         return zero_at(tensor, ctx.data["indices"])
 
     def describe(self) -> str:
-        return f"htopk:ratio={self.ratio}"
+        return f"htopk:ratio={self.ratio},approx={int(self.approx)}"

@@ -51,7 +51,7 @@ REGISTRY: dict[str, Entry] = {
     "topk": Entry(TopK, {"ratio": float, "approx": bool}, True),
     "randomk": Entry(RandomK, {"ratio": float, "seed": int, "unbiased": bool}, False),
     "gtopk": Entry(GTopK, {"ratio": float}, True),
-    "htopk": Entry(HierarchicalTopK, {"ratio": float}, True),
+    "htopk": Entry(HierarchicalTopK, {"ratio": float, "approx": bool}, True),
     "efsignsgd": Entry(EFSignSGD, {}, True),
     "signum": Entry(Signum, {}, False),
     "qsgd": Entry(QSGD, {"levels": int, "seed": int, "bucket": int, "norm": float},

@@ -103,6 +103,15 @@ for step in range(3):
     same_everywhere(f"momentum step {step}", out)
     assert np.all(np.isfinite(out))
 
+# Approximate selection: every rank still gets the same bits, and about k per shard of a
+# host sum cross between hosts (the union of the hosts' selections is what is non-zero).
+c = build("htopk:ratio=0.05,approx=1")
+for step in range(2):
+    out = compressed_allreduce(c, grads(step, (40, 31))[rank], "x", comm)
+    same_everywhere(f"approx step {step}", out)
+    kept = np.count_nonzero(out)
+    assert 0 < kept <= len(HOSTS) * 1.25 * max(1, int(0.05 * 40 * 31)) + len(HOSTS) * 3, kept
+
 # Several tensors in one run_rounds call, one of them bypassing compression (dense), others
 # with HOST/PEER rounds, beside a flat topk tensor: the same as one at a time.
 mixed = get_compressor("htopk:ratio=0.1", min_compress_size=20)

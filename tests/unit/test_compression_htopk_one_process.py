@@ -21,14 +21,15 @@ from dlcomm.compression.topology import host_groups
 def test_registry_builds_htopk_with_error_feedback() -> None:
     c = get_compressor("htopk:ratio=0.05")
     assert isinstance(c, ErrorFeedback) and isinstance(c.inner, HierarchicalTopK)
-    assert c.inner.ratio == 0.05 and c.describe() == "htopk:ratio=0.05"
+    assert c.inner.ratio == 0.05 and c.describe() == "htopk:ratio=0.05,approx=0"
+    assert get_compressor("htopk:ratio=0.05,approx=1").describe() == "htopk:ratio=0.05,approx=1"
     assert c.groups == (HOST, HOST, PEER, HOST) and not c.summable
     assert not isinstance(get_compressor("htopk:ef=0"), ErrorFeedback)
 
 
 @pytest.mark.parametrize("spec,match", [
     ("htopk:ratio=0", r"\(0, 1\]"), ("htopk:ratio=1.5", r"\(0, 1\]"),
-    ("htopk:k=5", r"valid parameters: \['ef', 'ratio'\]"), ("htopk:ratio=x", "not float"),
+    ("htopk:k=5", r"valid parameters: \['approx', 'ef', 'ratio'\]"), ("htopk:ratio=x", "not float"),
     ("htopk+fp16", "does not compose"), ("htopk+bf16", "does not compose"),
 ])
 def test_bad_htopk_specs_raise_value_error(spec: str, match: str) -> None:
@@ -63,6 +64,18 @@ def test_shards_cover_the_tensor_and_differ_by_one_at_most() -> None:
     assert [p.size for p in shard_topk(x[:1], 0.5, 3)] == [0, 0, 1]
 
 
+def test_approximate_shard_selection_keeps_about_k_of_the_largest() -> None:
+    x = np.random.default_rng(1).standard_normal(30001).astype(np.float32)
+    for exact, approx in zip(shard_topk(x, 0.01, 3), shard_topk(x, 0.01, 3, approx=True)):
+        k = exact.size  # 100 per shard
+        assert 0.75 * k <= approx.size <= 1.25 * k
+        assert np.all(np.diff(approx) > 0)  # sorted, no repeats
+        # a threshold set: everything kept is at least as large as anything dropped
+        lo, hi = exact.min() // 10000 * 10000, exact.max() // 10000 * 10000 + 10000
+        dropped = np.setdiff1d(np.arange(lo, hi), approx)
+        assert np.abs(x[approx]).min() >= np.abs(x[dropped]).max()
+
+
 def test_without_the_driver_htopk_asks_for_the_topology() -> None:
     c = HierarchicalTopK(0.5)
     payloads, ctx = c.compress(np.ones((4, 4), np.float32), "w")
@@ -70,13 +83,15 @@ def test_without_the_driver_htopk_asks_for_the_topology() -> None:
         c.resume(payloads, ctx)
 
 
-def test_one_rank_is_plain_topk_with_the_same_bits() -> None:
-    """One host of one rank: the host sum is the tensor and there is one shard."""
-    h = get_compressor("htopk:ratio=0.1", min_compress_size=0)
-    t = get_compressor("topk:ratio=0.1", min_compress_size=0)
+@pytest.mark.parametrize("approx", [0, 1])
+def test_one_rank_is_plain_topk_with_the_same_bits(approx: int) -> None:
+    """One host of one rank: the host sum is the tensor and there is one shard (the
+    approximate selection too: the same threshold search as ``topk:approx=1``)."""
+    h = get_compressor(f"htopk:ratio=0.1,approx={approx}", min_compress_size=0)
+    t = get_compressor(f"topk:ratio=0.1,approx={approx}", min_compress_size=0)
     rng = np.random.default_rng(3)
     for _ in range(4):
-        x = rng.standard_normal((13, 7)).astype(np.float32)
+        x = rng.standard_normal((130, 70)).astype(np.float32)
         a = compressed_allreduce(h, x, "w", SelfComm())
         b = compressed_allreduce(t, x, "w", SelfComm())
         assert np.array_equal(a, b)
