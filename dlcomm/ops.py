@@ -26,9 +26,10 @@ Product = ReduceOp.PRODUCT
 Adasum = ReduceOp.ADASUM
 
 
-class UnsupportedOpError(ValueError, RuntimeError):
+class UnsupportedOpError(ValueError, NotImplementedError):
     """A reduce op dlcomm does not have (Adasum): a ValueError about the argument, and the
-    RuntimeError Horovod raises where its backend lacks the op (reduce-scatter)."""
+    NotImplementedError (a RuntimeError) Horovod raises where it lacks the op (a
+    reduce-scatter, an IndexedSlices all-reduce)."""
 
 
 def as_reduce_op(op: object) -> ReduceOp:

@@ -44,7 +44,10 @@ from dlcomm.tensorflow.functions import (
     broadcast_object,
     broadcast_variables,
 )
-from dlcomm.tensorflow.gradient_tape import DistributedGradientTape
+from dlcomm.tensorflow.gradient_tape import (
+    DistributedGradientTape,
+    PartialDistributedGradientTape,
+)
 from dlcomm.tensorflow.mpi_ops import (
     allgather,
     allreduce,
@@ -76,6 +79,7 @@ def __getattr__(name: str):  # Keras loads on first use: `hvd.DistributedOptimiz
 
 __all__ = [
     "Adasum", "Average", "Compression", "Compressor", "DLCommError", "DistributedGradientTape",
+    "PartialDistributedGradientTape",
     "DistributedOptimizer", "HorovodInternalError", "Max", "Min", "MismatchError",
     "ProcessSet", "Product", "ReduceOp", "ShutdownError", "StallError", "Sum",
     "add_process_set", "allgather", "allgather_object", "allreduce", "alltoall", "barrier",

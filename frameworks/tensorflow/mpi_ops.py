@@ -182,7 +182,7 @@ def _grouped_allreduce_dense(tensors: list[tf.Tensor], req: str | None, op: Redu
     @tf.custom_gradient
     def differentiable(*xs: tf.Tensor) -> Any:
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:  # the same grouped reduction
-            return _grouped_allreduce_dense([tf.convert_to_tensor(d) for d in dys],
+            return _grouped_allreduce_dense(_as_output_dtypes(dys, xs),
                                             collective_name("grouped_allreduce", None), op,
                                             pre, post, process_set, None)
         return run(*xs), grad
@@ -250,10 +250,18 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
     @tf.custom_gradient
     def differentiable(*xs: tf.Tensor) -> Any:
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            return _my_rows(list(dys), list(xs), process_set)
+            return _my_rows(_as_output_dtypes(dys, xs), list(xs), process_set)
         return run(*xs), grad
 
     return differentiable(*ts)
+
+
+def _as_output_dtypes(dys: Sequence[Any], xs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """A grouped op's incoming gradients in its tensors' dtype. TensorFlow fills the
+    gradient of an output the loss does not reach with zeros of that output's dtype, but
+    passes a given ``output_gradients`` as it is (float32 for a float64 tensor in Horovod's
+    grouped gradient tests): one group must hold one dtype."""
+    return [tf.cast(tf.convert_to_tensor(d), x.dtype) for d, x in zip(dys, xs)]
 
 
 def _check_tensor_list(tensors: Any, call: str, reducible: bool = False) -> list[tf.Tensor]:
@@ -314,11 +322,15 @@ def broadcast_(variables: Any, root_rank: int, name: str | None = None,
         if not hasattr(v, "assign"):
             raise TypeError(f"variables[{i}] is a {type(v).__name__}, not a variable")
     base = collective_name("broadcast_", name)
-    for i, v in enumerate(vs):
-        v.assign(broadcast(tf.convert_to_tensor(v), root_rank,
-                           name=None if base is None else f"{base}.{i}",
-                           process_set=process_set))
-    return variables if single else vs
+    assigned = [v.assign(broadcast(tf.convert_to_tensor(v), root_rank,
+                                   name=None if base is None else f"{base}.{i}",
+                                   process_set=process_set))
+                for i, v in enumerate(vs)]
+    if tf.executing_eagerly():
+        return variables if single else vs
+    # In a graph nothing runs unless asked for: return what runs the assignments (their
+    # values, as Horovod returns its in-place op's outputs), not the variables.
+    return assigned[0] if single else assigned
 
 
 @not_converted
@@ -426,7 +438,8 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
         @tf.custom_gradient
         def differentiable(*xs: tf.Tensor) -> Any:
             def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-                return _scattered_back(list(dys), op, pre, post, process_set)
+                return _scattered_back(_as_output_dtypes(dys, xs), op, pre, post,
+                                       process_set)
             return run(*xs), grad
 
         outs = differentiable(*packed)

@@ -59,6 +59,15 @@ class TensorMismatchError(MismatchError, tf.errors.FailedPreconditionError):
         tf.errors.FailedPreconditionError.__init__(self, None, None, message)
 
 
+class TensorArgumentError(ValueError, tf.errors.InvalidArgumentError):
+    """An argument the collective cannot take (rows an even alltoall cannot split, splits
+    that do not add up): dlcomm's ``ValueError`` and, as Horovod raises for it,
+    TensorFlow's ``InvalidArgumentError``."""
+
+    def __init__(self, message: str) -> None:
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+
 def call_core(fn: Callable[[list[np.ndarray]], Sequence[np.ndarray]],
               inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType],
               out_shapes: Sequence[Any]) -> list[tf.Tensor]:
@@ -81,6 +90,10 @@ def call_core(fn: Callable[[list[np.ndarray]], Sequence[np.ndarray]],
             results = body(*[t.numpy() for t in casted])
         except MismatchError as exc:  # in a graph, TensorFlow reports any error as Unknown
             raise TensorMismatchError(str(exc)) from exc
+        except ValueError as exc:
+            if type(exc) is not ValueError:  # a subclass says more (UnsupportedOpError, ...)
+                raise
+            raise TensorArgumentError(str(exc)) from exc
         outs = [tf.convert_to_tensor(r) for r in results]
     else:
         graph = tf.compat.v1.get_default_graph()

@@ -477,6 +477,64 @@ def horovod_style_keras_script():
 
 
 @section
+def horovod_suite_lessons():
+    """What Horovod's own test_tensorflow.py found (docs/compatibility.md)."""
+    import pytest
+    # broadcast_ in a TF1 graph returns what runs the assignment (the variable itself would
+    # be read without it ever running)
+    graph = tf.Graph()
+    with graph.as_default():
+        var = tf.compat.v1.Variable(tf.fill((4,), float(r)), name="inplace_var")
+        out, = hvd.broadcast_([var], n - 1, name="lessons.broadcast_")
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            close(sess.run(out), np.full(4, float(n - 1)), "graph broadcast_ result")
+            close(sess.run(var), np.full(4, float(n - 1)), "graph broadcast_ variable")
+    # a grouped op's gradient given in another dtype (float32 for float64 tensors)
+    xs = [tf.Variable(tf.ones((2 * n, 3), tf.float64) * (k + 1)) for k in range(3)]
+    with tf.GradientTape(persistent=True) as tape:
+        outs = hvd.grouped_reducescatter(xs, op=hvd.Sum)
+    g = tape.gradient(outs[1], xs[1], tf.ones((2, 3)))
+    close(g, np.full((2 * n, 3), float(n)), "grouped reducescatter grad, float32 dy")
+    with tf.GradientTape(persistent=True) as tape:
+        outs = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    close(tape.gradient(outs[0], xs[0], tf.ones((2 * n, 3))), np.full((2 * n, 3), float(n)),
+          "grouped allreduce grad, float32 dy")
+    # argument errors: TensorFlow's error classes, as Horovod raises them
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not divisible"):
+        hvd.alltoall(tf.ones((2 * n + 1, 2)))
+    with pytest.raises(ValueError, match="not divisible"):  # and still dlcomm's ValueError
+        hvd.alltoall(tf.ones((2 * n + 1, 2)))
+    sparse = tf.IndexedSlices(tf.ones((1, 3)), tf.constant([r]))
+    for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
+        with pytest.raises(NotImplementedError):
+            hvd.allreduce(sparse, op=op)
+    # local sources (model parallelism): not all-reduced, divided by the rank count
+    shared = tf.Variable(tf.ones(3))
+    local = tf.Variable(tf.ones(2))
+    for scale in (True, False):
+        with tf.GradientTape() as tape:
+            y = tf.reduce_sum(shared * float(r + 1)) + tf.reduce_sum(local * float(r + 1))
+        tape = hvd.DistributedGradientTape(tape, scale_local_gradients=scale)
+        tape.register_local_source(local)
+        gs, gl = tape.gradient(y, [shared, local])
+        close(gs, np.full(3, (RANKS + 1).mean()), "shared source averaged")
+        close(gl, np.full(2, (r + 1) / (n if scale else 1)), f"local source, scale={scale}")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(model(tf.ones((1, 3)) * float(r + 1)))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=model.layers[0],
+                                              scale_local_gradients=False)
+    local_pairs, global_pairs = tape.get_local_and_global_gradients(
+        y, model.trainable_variables)
+    assert [id(v) for v, _ in local_pairs] == [id(v) for v in model.layers[0].trainable_weights]
+    assert [id(v) for v, _ in global_pairs] == [id(v) for v in model.layers[1].trainable_weights]
+    same_on_all_ranks([g.numpy() for _, g in global_pairs], "partial tape: global gradients")
+    with pytest.raises(ValueError, match="Keras layers"):
+        hvd.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[object()])
+
+
+@section
 def errors_are_clear():
     import pytest
     with pytest.raises(TypeError, match="tf.Tensor"):
@@ -558,7 +616,8 @@ SECTIONS = [
     "objects_barrier_join_ranks", "tape_equals_single_process", "tape_compression_and_sum",
     "keras_fit_equals_single_process_and_broadcast_fixes_init",
     "keras_backward_passes_and_apply", "broadcast_variables_fixes_models",
-    "callbacks_metric_average_and_warmup", "horovod_style_keras_script", "errors_are_clear",
+    "callbacks_metric_average_and_warmup", "horovod_style_keras_script",
+    "horovod_suite_lessons", "errors_are_clear",
 ]
 
 
