@@ -15,3 +15,8 @@ uptime > $out/uptime_end.txt
 dlcomm bench train --np 4 --emulate 4x1gbit --model mlp \
   --configs "none;topk:ratio=0.01,approx=1;topk:ratio=0.01" --peers none --no-scaling \
   --repeats 3 --iters 3 --batches-per-iter 3 --warmup 3 --json $out/4x1_approx.json > $out/4x1_approx.log 2>&1
+# 2026-11-28 08:50 UTC, commit 3d97cf9: approximate flat against approximate hierarchical
+# top-k on 2 hosts x 2 slots, with dense.
+DLCOMM_HIERARCHICAL_RANKS_PER_HOST=2 dlcomm bench train --np 4 --emulate 2x1gbit --slots-per-host 2 --model mlp \
+  --configs "none;topk:ratio=0.01,approx=1;htopk:ratio=0.01,approx=1" --peers none --no-scaling \
+  --repeats 3 --iters 3 --batches-per-iter 3 --warmup 3 --json $out/2x2_approx.json > $out/2x2_approx.log 2>&1
