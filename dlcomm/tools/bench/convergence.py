@@ -26,11 +26,13 @@ DEFAULT_SPECS = ["none", "fp16", "bf16", "randomk:ratio=0.05", "topk:ratio=0.01"
 
 
 def run_one(spec: str, np_: int, epochs: int, dataset: str, *, emulate: str | None = None,
-            model: str = "cnn") -> dict:
+            model: str = "cnn", slots_per_host: int = 1) -> dict:
     """Train the demo with ``spec`` on ``np_`` ranks; return its JSON summary."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         launcher = ["dlcommrun", "-np", str(np_)] + (["--emulate", emulate] if emulate else [])
+        if emulate and slots_per_host > 1:
+            launcher += ["--slots-per-host", str(slots_per_host)]
         options = ["--epochs", str(epochs), "--dataset", dataset, "--model", model,
                    "--no-progress", "--compression", spec]
         cmd = [*launcher, sys.executable, str(EXAMPLE), *options, "--json", str(out)]
@@ -98,18 +100,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write every job's summary here")
     p.add_argument("--emulate", default=None,
                    help="run on an emulated cluster, e.g. 4x1gbit (needs root)")
+    p.add_argument("--slots-per-host", type=int, default=1,
+                   help="ranks per emulated host (with --emulate; default 1)")
     p.add_argument("--model", default="cnn", choices=["cnn", "mlp"])
     p.add_argument("--target", type=float, default=0.9,
                    help="held-out accuracy for the time-to-accuracy column (with --emulate)")
     args = p.parse_args(argv)
     if not 0 < args.target <= 1:
         p.error(f"--target must be in (0, 1], got {args.target}")
+    if args.slots_per_host < 1:
+        p.error(f"--slots-per-host must be >= 1, got {args.slots_per_host}")
     specs = args.specs.split(";") if ";" in args.specs else DEFAULT_SPECS if \
         args.specs == ",".join(DEFAULT_SPECS) else args.specs.split(",")
     results = []
     for spec in specs:
         results.append(run_one(spec, args.np, args.epochs, args.dataset,
-                               emulate=args.emulate, model=args.model))
+                               emulate=args.emulate, model=args.model,
+                               slots_per_host=args.slots_per_host))
         r = results[-1]
         print(f"{spec:>28}: accuracy {r['accuracy']:.4f}, "
               f"{r['bytes_per_step_per_rank'] / 1e3:.1f} kB/step/rank", flush=True)
