@@ -27,6 +27,18 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
+def parse_choice(value: object, valid: tuple[str, ...], *, what: str, source: str) -> str:
+    """``value`` lower-cased and stripped if it is one of ``valid``; else ``TypeError`` (not a
+    str) or ``ValueError`` naming ``what``, where it came from (``source``) and the choices."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str (one of {', '.join(valid)}) or None, got "
+                        f"{type(value).__name__}")
+    name = value.strip().lower()
+    if name not in valid:
+        raise ValueError(f"unknown {what} {value!r} ({source}); valid: {', '.join(valid)}")
+    return name
+
+
 def parse_bool(text: str) -> bool:
     """Parse 1/0, true/false, yes/no, on/off."""
     t = str(text).strip().lower()

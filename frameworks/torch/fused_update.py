@@ -33,19 +33,12 @@ FUSED_UPDATE_MODES = ("off", "foreach", "fused")
 
 def resolve_fused_update(mode: str | None) -> str:
     """``mode``, else ``DLCOMM_FUSED_UPDATE``, validated (one of ``FUSED_UPDATE_MODES``)."""
-    from dlcomm.config import knob_value  # noqa: PLC0415 - config reads the environment
+    from dlcomm.config import knob_value, parse_choice  # noqa: PLC0415 - reads the environment
 
     source = "fused_update="
     if mode is None:
         mode, source = knob_value("fused_update"), "DLCOMM_FUSED_UPDATE"
-    if not isinstance(mode, str):
-        raise TypeError(f"fused_update must be a str (one of {', '.join(FUSED_UPDATE_MODES)}) "
-                        f"or None, got {type(mode).__name__}")
-    name = mode.strip().lower()
-    if name not in FUSED_UPDATE_MODES:
-        raise ValueError(f"unknown fused update mode {mode!r} ({source}); valid: "
-                         f"{', '.join(FUSED_UPDATE_MODES)}")
-    return name
+    return parse_choice(mode, FUSED_UPDATE_MODES, what="fused update mode", source=source)
 
 
 def _options(optimizer_class: type) -> set[str]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from dlcomm.config import parse_choice
 from dlcomm.torch.schedules.base import ScheduleBase, build
 from dlcomm.torch.schedules.baseline import NoOverlapSchedule
 from dlcomm.torch.schedules.dear import DeARSchedule
@@ -43,14 +44,7 @@ def resolve_schedule(schedule: str | None, environ: Mapping[str, str] | None = N
         source = "DLCOMM_SCHEDULE"
     else:
         source = "schedule="
-    if not isinstance(schedule, str):
-        raise TypeError(f"schedule must be a str (one of {', '.join(SCHEDULES)}) or None, "
-                        f"got {type(schedule).__name__}")
-    name = schedule.strip().lower()
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r} ({source}); valid: "
-                         f"{', '.join(SCHEDULES)}")
-    return name
+    return parse_choice(schedule, SCHEDULES, what="schedule", source=source)
 
 
 def make_scheduled_optimizer(schedule: str, optimizer: torch.optim.Optimizer,
