@@ -35,16 +35,17 @@ class _DistributedGradientTape(tf.GradientTape):
                                                      unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = list(tf.nest.flatten(grads, expand_composites=False))
-        shared = [i for i, s in enumerate(flat_sources) if not self._is_local_source(s)]
+        local = {i for i, s in enumerate(flat_sources) if self._is_local_source(s)}
+        shared = [i for i in range(len(flat_sources)) if i not in local]
         reduced = self._dlcomm_allreducer([flat_grads[i] for i in shared],
                                           [flat_sources[i] for i in shared]) if shared else []
         for i, g in zip(shared, reduced):
             flat_grads[i] = g
-        if self._dlcomm_scale_local_gradients and len(shared) < len(flat_sources):
+        if self._dlcomm_scale_local_gradients:
             n = float(self._dlcomm_process_set.size())
-            for i, s in enumerate(flat_sources):
+            for i in local:
                 g = flat_grads[i]
-                if self._is_local_source(s) and g is not None:
+                if g is not None:
                     flat_grads[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
                                      if isinstance(g, tf.IndexedSlices) else g / n)
         return tf.nest.pack_sequence_as(grads, flat_grads)
