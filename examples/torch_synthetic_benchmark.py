@@ -138,9 +138,10 @@ class _Framework:
 
     def shutdown(self) -> None:
         if self.name == "ddp":
-            import torch.distributed as dist
+            from dlcomm.tools.bench import ddp_peer
 
-            dist.destroy_process_group()
+            self.model = self.optimizer = None  # the DDP wrapper holds the process group
+            ddp_peer.stop_process_group()
         else:
             self.hvd.shutdown()
 

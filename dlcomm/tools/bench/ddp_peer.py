@@ -80,6 +80,21 @@ def start_process_group(timeout_s: float = 300.0) -> tuple[int, int]:
     return rank, size
 
 
+def stop_process_group() -> None:
+    """Tear torch.distributed down on every rank at the same point.
+
+    Drop every DDP model first: its reducer holds the process group, and gloo's destructor
+    waits for queued work. Destroyed later, after the other ranks had moved on to MPI's
+    finalize, it left rank 0 waiting for good (seen on ``--emulate 4x1gbit``)."""
+    import gc  # noqa: PLC0415 - only DDP jobs need it
+
+    import torch.distributed as dist  # noqa: PLC0415 - torch is optional for the tools
+
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def wrap_model(model: Any, compression: str, bucket_cap_mb: float | None = None) -> Any:
     """``model`` in DDP with the hook that is the peer of ``compression`` registered.
 

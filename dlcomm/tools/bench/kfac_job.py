@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         import torch.distributed as dist
 
+        from dlcomm.tools.bench import ddp_peer
+
         rank, size = _start_torch_distributed(args)
         import warnings
 
@@ -239,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                   "iteration_s": iteration_s, "epochs": epochs}
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.framework == "kfac-pytorch":
-        dist.destroy_process_group()
+        del train_model, preconditioner  # the DDP wrapper holds the process group
+        ddp_peer.stop_process_group()
     return 0
 
 
