@@ -8,8 +8,9 @@ cached on the communicator and, by rank 0, in a file named after the topology (r
 every rank's host, the emulated network) in ``DLCOMM_ALLREDUCE_MODEL_CACHE``, so later jobs
 on the same machines skip the measurement.
 
-- ``auto`` (the default) chooses between ``ordered`` and ``pipelined``, which give the same
-  bits (every element reduced in rank order): the choice changes the time, never the model.
+- ``auto`` (the default) chooses among ``ordered``, ``pipelined`` and ``ordered_tcp`` (the
+  ordered messages over the TCP mesh), which give the same bits (every element reduced in
+  rank order): the choice changes the time, never the model.
 - ``fastest`` also considers ``mpi``, ``ring``, ``rhd`` and, across several hosts,
   ``hierarchical``, whose results depend on the message size and on where a tensor sits in
   a fused buffer: with 3 or more ranks, schedules and fusion thresholds then no longer give

@@ -206,7 +206,7 @@ def test_every_job_sets_its_all_reduce_algorithm_and_records_it(tmp_path: Path) 
                  j.setup["allreduce_algorithm"] for j in validation}
     for (method, _, _), algorithm in by_method.items():
         named = [a for a in ("ring", "rhd", "tree", "hierarchical") if a in method.split()]
-        assert algorithm == (named[0] if named else "ordered"), method  # the engine default
+        assert algorithm == (named[0] if named else "auto"), method  # the engine default
     assert by_method[("dense ring", "4x1gbit", 1)] == "ring"
 
 
@@ -221,14 +221,17 @@ def test_calibration_measures_ordered_beside_the_other_algorithms(tmp_path: Path
         runs.setdefault((bench, job.setup["allreduce_algorithm"]), set()).add((where, sizes))
     places = runs[("allreduce", "ring")]
     assert len(places) == 6  # shared memory 2 and 4, 2/4/8 hosts, 2 hosts x 2
-    for algorithm in ("ordered", "rhd", "tree"):
+    for algorithm in ("ordered", "ordered_tcp", "rhd", "tree"):
         assert runs[("allreduce", algorithm)] == places, algorithm
     assert runs[("allreduce", "hierarchical")] < places
-    # the engine's reduce-scatter under ordered, MPI's own under mpi; the all-gather
+    # the engine's reduce-scatter under ordered and ordered_tcp, MPI's own under mpi; the
+    # all-gather; never auto, which picks by size and fits no one formula
     assert runs[("reducescatter", "ordered")] == runs[("reducescatter", "mpi")] == places
+    assert runs[("reducescatter", "ordered_tcp")] == places
     assert runs[("allgather", "ordered")] == places
-    assert {a for b, a in runs if b == "allreduce"} == {"ordered", "ring", "rhd", "tree",
-                                                       "hierarchical"}
+    assert {a for b, a in runs if b == "allreduce"} == {"ordered", "ordered_tcp", "ring", "rhd",
+                                                       "tree", "hierarchical"}
+    assert not any(a == "auto" for _, a in runs)
 
 
 def test_measure_only_runs_the_jobs_whose_name_matches(tmp_path: Path,
@@ -278,7 +281,9 @@ def test_only_runs_the_chosen_jobs_for_real(tmp_path: Path) -> None:
 def test_validation_predicts_with_the_algorithm_the_run_set(tmp_path: Path) -> None:
     from dlcomm.tools.simulate.validate import method_of
 
-    assert method_of({"method": "dense"}).algorithm == "ordered"
+    assert method_of({"method": "dense"}).algorithm == "auto"
+    assert method_of({"method": "dense", "allreduce_algorithm": "ordered"}).algorithm == \
+        "ordered"
     assert method_of({"method": "dense", "allreduce_algorithm": "ring"}).algorithm == "ring"
     assert method_of({"method": "dense", "allreduce_algorithm": "native"}).algorithm == "mpi"
     assert method_of({"method": "dense rhd", "allreduce_algorithm": "rhd"}).algorithm == "rhd"

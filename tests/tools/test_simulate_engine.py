@@ -15,7 +15,12 @@ from dlcomm.tools.simulate.compressors import DEFAULT_PARAMS, CompressorModel
 from dlcomm.tools.simulate.devices import get_device
 from dlcomm.tools.simulate.engine import fusion_groups, mgwfbp_groups, simulate_bsp
 from dlcomm.tools.simulate.messages import MessageModel
-from dlcomm.tools.simulate.methods import ALGORITHM_ALIASES, DEFAULT_ALGORITHM, Method
+from dlcomm.tools.simulate.methods import (
+    ALGORITHM_ALIASES,
+    AUTO_CANDIDATES,
+    DEFAULT_ALGORITHM,
+    Method,
+)
 from dlcomm.tools.simulate.model_zoo import MODELS, describe, workload_from_description
 from dlcomm.tools.simulate.network import CostParams, Network, Topology, preset_params
 from dlcomm.tools.simulate.predict import predict
@@ -66,13 +71,11 @@ ORDERED_BLOCK_BYTES = {2: 4 * 5_000_002, 3: 4 * 3_333_335, 4: 4 * 2_500_001, 5: 
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 5])
-def test_one_tensor_with_the_default_algorithm_is_compute_plus_the_ordered_all_reduce(
-        p: int) -> None:
+def test_one_tensor_with_ordered_is_compute_plus_the_ordered_all_reduce(p: int) -> None:
     params = CostParams(alpha=2e-5, beta=8e-9, gamma=1e-9, overhead=1e-4)
     net = Network(Topology(p), params)
     w = one_tensor_workload(4 * 10_000_003)
-    method = Method(schedule="none")
-    assert method.algorithm == "ordered"
+    method = Method(schedule="none", algorithm="ordered")
     r = simulate_bsp(w, method, messages(method, net))
     block = ORDERED_BLOCK_BYTES[p]
     # all-to-all and all-gather: p - 1 messages of the largest block each; p - 1 sums of it
@@ -81,12 +84,51 @@ def test_one_tensor_with_the_default_algorithm_is_compute_plus_the_ordered_all_r
     assert r.link_bytes == pytest.approx(2 * (p - 1) * block)
 
 
+@pytest.mark.parametrize("p", [2, 3, 4, 5])
+def test_one_tensor_with_the_default_is_the_faster_of_ordered_and_ordered_tcp(p: int) -> None:
+    params = CostParams(alpha=2e-5, beta=8e-9, gamma=1e-9, overhead=1e-4)
+    net = Network(Topology(p), params)
+    w = one_tensor_workload(4 * 10_000_003)
+    block = ORDERED_BLOCK_BYTES[p]
+    # the mesh sends a rank's p - 1 blocks at once: one latency per half, the same bytes
+    mesh = 1e-4 + 2 * (2e-5 + (p - 1) * block * 8e-9) + (p - 1) * block * 1e-9
+    tcp = Method(schedule="none", algorithm="ordered_tcp")
+    r = simulate_bsp(w, tcp, messages(tcp, net))
+    assert r.iteration_s == pytest.approx(w.compute_s + mesh, rel=1e-12)
+    assert r.link_bytes == pytest.approx(2 * (p - 1) * block)
+    default = Method(schedule="none")
+    assert default.algorithm == "auto"
+    times = {a: simulate_bsp(w, m, messages(m, net)).iteration_s
+             for a, m in (("auto", default), ("tcp", tcp),
+                          ("ordered", Method(schedule="none", algorithm="ordered")))}
+    assert times["auto"] == min(times["tcp"], times["ordered"])
+    # with p - 1 latencies saved per half, the mesh is the faster here beyond 2 ranks
+    assert (times["auto"] == times["tcp"] < times["ordered"]) if p > 2 else \
+        times["tcp"] == times["ordered"]
+
+
 def test_dear_reduce_scatters_with_the_engines_reduce_scatter() -> None:
     net = Network(Topology(4, 2), CostParams(alpha=1e-5, beta=8e-9, gamma=1e-9))
     bucket = 4 * 1_000_001
-    ordered = messages(Method(schedule="dear"), net).reduce_scatter(bucket)
+    ordered = messages(Method(schedule="dear", algorithm="ordered"), net).reduce_scatter(bucket)
     assert ordered.seconds == pytest.approx(
         coll.ordered_reduce_scatter(bucket, Topology(4, 2)).seconds(net.params))
+    mesh = messages(Method(schedule="dear", algorithm="ordered_tcp"), net).reduce_scatter(bucket)
+    assert mesh.seconds == pytest.approx(
+        coll.ordered_tcp_reduce_scatter(bucket, Topology(4, 2)).seconds(net.params))
+    assert mesh.link_bytes == pytest.approx(ordered.link_bytes)  # the same blocks, at once
+    assert mesh.seconds < ordered.seconds
+    # auto reduce-scatters with the all-reduce it picks at that size. On 4 hosts x 2 slots
+    # that is ordered's: its ring all-gather puts 7 blocks on a host's link, the mesh's 12.
+    topo = Topology(4, 2)
+    assert coll.ordered_allreduce(bucket, topo).seconds(net.params) < \
+        coll.ordered_tcp_allreduce(bucket, topo).seconds(net.params)
+    auto = messages(Method(schedule="dear"), net).reduce_scatter(bucket)
+    assert auto.seconds == ordered.seconds
+    one_slot = Network(Topology(4), net.params)  # one rank per host: the mesh's
+    assert messages(Method(schedule="dear"), one_slot).reduce_scatter(bucket).seconds == \
+        messages(Method(schedule="dear", algorithm="ordered_tcp"),
+                 one_slot).reduce_scatter(bucket).seconds
     for algorithm in ("ring", "rhd", "tree", "hierarchical", "mpi"):
         other = messages(Method(schedule="dear", algorithm=algorithm), net)
         assert other.reduce_scatter(bucket).seconds == pytest.approx(  # MPI's own
@@ -281,12 +323,16 @@ def test_the_default_algorithm_is_the_engines_and_native_is_mpi() -> None:
     # the library's collectives start MPI when imported: only in the test that compares
     from dlcomm.collectives.registry import ALIASES, DEFAULT_ALLREDUCE_ALGORITHM
 
-    # the engine's default is modelled as itself or as what it aliases to (auto -> ordered)
-    assert ALGORITHM_ALIASES.get(DEFAULT_ALLREDUCE_ALGORITHM, DEFAULT_ALLREDUCE_ALGORITHM) \
-        == DEFAULT_ALGORITHM == Method().algorithm == "ordered"
+    # the engine's default is modelled as itself: the faster of its candidates at each size
+    assert DEFAULT_ALLREDUCE_ALGORITHM == DEFAULT_ALGORITHM == Method().algorithm == "auto"
     assert ALIASES.items() <= ALGORITHM_ALIASES.items()
-    assert Method(algorithm="auto") == Method(algorithm="pipelined") == Method()
-    assert Method.parse("dense").algorithm == "ordered" and Method.parse("dense").name == "dense"
+    from dlcomm.collectives.selection import DETERMINISTIC_CANDIDATES
+
+    # auto's candidates, pipelined charged as ordered
+    assert {ALGORITHM_ALIASES.get(a, a) for a in DETERMINISTIC_CANDIDATES} == \
+        set(AUTO_CANDIDATES)
+    assert Method(algorithm="pipelined") == Method(algorithm="ordered")
+    assert Method.parse("dense").algorithm == "auto" and Method.parse("dense").name == "dense"
     for text in ("dense native", "dense mpi", "dense algorithm=native", "dense algorithm=MPI"):
         m = Method.parse(text)
         assert m.algorithm == "mpi" and m.name == "dense mpi", text

@@ -36,13 +36,17 @@ import numpy as np
 
 from dlcomm.tools.simulate import collectives
 from dlcomm.tools.simulate.compressors import MeasuredCost
-from dlcomm.tools.simulate.methods import DEFAULT_ALGORITHM, normalize_algorithm
+from dlcomm.tools.simulate.methods import AUTO, normalize_algorithm
 from dlcomm.tools.simulate.network import PARAM_NAMES, Cost, CostParams, Topology
 
 PEERS = ("dlcomm", "mpi4py")
 _EMULATE_RE = re.compile(r"^\s*(\d+)x", re.IGNORECASE)
 # Fixed first when the measurements leave parameters unidentified (the last is kept longest).
 UNIDENTIFIED_ORDER = ("gamma", "overhead", "alpha_local", "beta_local", "alpha", "beta")
+
+# A bench file that records no algorithm is read as ``ordered`` (as before the simulator
+# modelled ``auto``).
+RECORDLESS_ALGORITHM = "ordered"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +59,7 @@ class Measurement:
     nbytes: float
     topology: Topology
     seconds: float
-    algorithm: str = DEFAULT_ALGORITHM
+    algorithm: str = RECORDLESS_ALGORITHM
     source: str = ""
     itemsize: int = collectives.DEFAULT_ITEMSIZE
 
@@ -65,12 +69,16 @@ class Measurement:
         if self.collective == "allreduce":
             if self.algorithm == "ordered":
                 return collectives.ordered_allreduce(self.nbytes, topo, self.itemsize)
+            if self.algorithm == "ordered_tcp":
+                return collectives.ordered_tcp_allreduce(self.nbytes, topo, self.itemsize)
             return collectives.allreduce(self.algorithm, self.nbytes, topo)
         if self.collective == "allgather":  # size = the gathered output
             return collectives.ring_allgather(self.nbytes / topo.workers, topo)
         if self.collective == "reducescatter":  # size = the input
             if self.algorithm == "ordered":
                 return collectives.ordered_reduce_scatter(self.nbytes, topo, self.itemsize)
+            if self.algorithm == "ordered_tcp":
+                return collectives.ordered_tcp_reduce_scatter(self.nbytes, topo, self.itemsize)
             return collectives.ring_reduce_scatter(self.nbytes, topo)
         if self.collective == "broadcast":
             return collectives.binomial_broadcast(self.nbytes, topo)
@@ -107,7 +115,12 @@ def measurements_from_result(result: Mapping[str, Any], *, peer: str = "dlcomm",
         raise ValueError(f"{source or 'result'}: not a `dlcomm bench` collective JSON (needs "
                          "'benchmark' and 'rows')")
     ran = "mpi" if peer == "mpi4py" else setup.get("allreduce_algorithm")
-    algo = normalize_algorithm(algorithm or ran or DEFAULT_ALGORITHM)
+    algo = normalize_algorithm(algorithm or ran or RECORDLESS_ALGORITHM)
+    if algo == AUTO and inner["benchmark"] in ("allreduce", "reducescatter"):
+        raise ValueError(f"{source}: measured with auto, which picks its algorithm per size "
+                         "from its own measurement, so no one formula fits it; measure with "
+                         "DLCOMM_ALLREDUCE_ALGORITHM=ordered_tcp or ordered (or ring, rhd, "
+                         "tree, hierarchical), or give --algorithm")
     if algo == "mpi" and inner["benchmark"] == "allreduce":
         if peer == "mpi4py":
             raise ValueError(f"{source}: the mpi4py peer times MPI's own all-reduce, whose "

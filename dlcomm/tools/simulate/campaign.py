@@ -6,13 +6,14 @@ Every job sets ``DLCOMM_ALLREDUCE_ALGORITHM`` explicitly (the engine's default m
 again) and records it in its setup as ``allreduce_algorithm``.
 
 * calibration: ``dlcomm bench allreduce`` (every algorithm the simulator models: ordered,
-  ring, rhd, tree and, with several hosts or 4 ranks, hierarchical), ``allgather`` (MPI's
-  under any algorithm) and ``reducescatter`` (the engine's: the ordered one under
-  ``ordered``, MPI's own under ``mpi``) on shared memory (2 and 4 ranks: the in-host
-  parameters) and on ``2x1gbit``, ``4x1gbit``, ``8x1gbit`` and ``2x1gbit`` with 2 slots per
-  host, all at the same sizes; each bench JSON is wrapped with its setup.
+  ordered_tcp, ring, rhd, tree and, with several hosts or 4 ranks, hierarchical),
+  ``allgather`` (MPI's under any algorithm) and ``reducescatter`` (the engine's: the
+  ordered one under ``ordered``, the mesh's under ``ordered_tcp``, MPI's own under
+  ``mpi``) on shared memory (2 and 4 ranks: the in-host parameters) and on ``2x1gbit``,
+  ``4x1gbit``, ``8x1gbit`` and ``2x1gbit`` with 2 slots per host, all at the same sizes;
+  each bench JSON is wrapped with its setup.
 * validation: ``examples/torch_mnist.py --phase-times --json`` for every method on the same
-  clusters (and a one-rank run per model for the optimizer step), with ``ordered`` unless
+  clusters (and a one-rank run per model for the optimizer step), with ``auto`` unless
   the method names another algorithm, each wrapped with the setup ``dlcomm simulate
   validate`` needs.
 
@@ -41,7 +42,10 @@ CLUSTERS = (("2x1gbit", 1), ("4x1gbit", 1), ("8x1gbit", 1), ("2x1gbit", 2))
 SHARED_MEMORY_RANKS = (2, 4)
 CALIBRATION_SIZES = "4K,64K,1M,4M,16M,64M"
 ALGORITHM_ENV = "DLCOMM_ALLREDUCE_ALGORITHM"
-DEFAULT_ALGORITHM = "ordered"  # the engine's default, set explicitly all the same
+DEFAULT_ALGORITHM = "auto"  # the engine's default, set explicitly all the same
+# Calibration times fixed algorithms (auto picks by size, which no one formula fits); the
+# all-gather is MPI's under any of them.
+CALIBRATION_ALGORITHM = "ordered"
 STRAGGLER = "compute=1:0.5,seed=1"
 CONGESTION = "congest=1:100mbit:1:3,seed=1"
 
@@ -87,17 +91,19 @@ def calibration_jobs(out: Path, *, quick: bool = False) -> list[Job]:
     for emulate, slots, np_ in places:
         where = f"{emulate}x{slots}" if emulate else f"shm{np_}"
         hosts = int(emulate.split("x")[0]) if emulate else 1
-        algorithms = ["ordered"] if quick else ["ordered", "ring", "rhd", "tree"]
+        algorithms = (["ordered"] if quick
+                      else ["ordered", "ordered_tcp", "ring", "rhd", "tree"])
         if not quick and (hosts > 1 or np_ > 2):
             algorithms.append("hierarchical")
         # (bench, DLCOMM_ALLREDUCE_ALGORITHM, whether the algorithm names the job): the
         # all-gather is MPI's under any algorithm; the engine's reduce-scatter is the
-        # ordered one under ordered and MPI's own under mpi (and every other algorithm).
+        # ordered one under ordered, the mesh's under ordered_tcp and MPI's own under mpi
+        # (and every other algorithm).
         benches = [("allreduce", a, True) for a in algorithms]
-        benches += [("allgather", DEFAULT_ALGORITHM, False),
+        benches += [("allgather", CALIBRATION_ALGORITHM, False),
                     ("reducescatter", "ordered", True)]
         if not quick:
-            benches.append(("reducescatter", "mpi", True))
+            benches += [("reducescatter", "ordered_tcp", True), ("reducescatter", "mpi", True)]
         for bench, algorithm, named in benches:
             stem = f"{bench}_{algorithm}" if named else bench
             path = out / "calibration" / f"{stem}_{where}.json"
@@ -112,7 +118,7 @@ def calibration_jobs(out: Path, *, quick: bool = False) -> list[Job]:
 
 def _methods(workers: int, quick: bool) -> list[tuple[str, list[str], dict[str, str]]]:
     """(simulator method, demo arguments, environment) for every method at ``workers``; a
-    method that names no algorithm runs the engine's default, ``ordered``."""
+    method that names no algorithm runs the engine's default, ``auto``."""
     default = {ALGORITHM_ENV: DEFAULT_ALGORITHM}
     if quick:
         return [("dense", [], default),

@@ -1,8 +1,10 @@
 """Cost of each collective dlcomm runs, as a ``Cost`` (a linear form over the parameters).
 
-The formulas follow dlcomm's own algorithms (docs/collectives.md): ``ordered`` (the
-engine's default: an all-to-all, a reduction in rank order and an all-gather, or one
-all-gather of whole buffers when they are small), ring, recursive halving-doubling
+The formulas follow dlcomm's own algorithms (docs/collectives.md): ``ordered`` (an
+all-to-all, a reduction in rank order and an all-gather, or one all-gather of whole buffers
+when they are small, through MPI), ``ordered_tcp`` (the same messages over dlcomm's TCP
+mesh, every peer's at once; the engine's default, ``auto``, picks it or ``ordered`` by
+size: ``MessageModel``), ring, recursive halving-doubling
 (Rabenseifner, with the fold for non-powers of two), binomial tree (reduce + broadcast),
 hierarchical (tree inside a host, a flat algorithm among host leaders), ring and ordered
 reduce-scatter and the all-gather (DeAR's halves), all-gather of unequal payloads (top-k,
@@ -23,7 +25,7 @@ import math
 
 from dlcomm.tools.simulate.network import ZERO_COST, Cost, Topology
 
-ALLREDUCE_ALGORITHMS = ("ordered", "ring", "rhd", "tree", "hierarchical")
+ALLREDUCE_ALGORITHMS = ("ordered", "ordered_tcp", "ring", "rhd", "tree", "hierarchical")
 FLAT_ALGORITHMS = ("ring", "rhd", "tree")
 # dlcomm.collectives.ordered.SMALL_GATHER_BYTES (mirrored: importing the library's
 # collectives starts MPI; a test checks they agree): an all-reduce whose p copies of the
@@ -129,6 +131,41 @@ def _ordered_allreduce(n: float, topo: Topology, itemsize: int) -> Cost:
         return _ring_allgather(n, topo) + Cost(gamma=(p - 1) * n)
     block = _largest_block(n, p, itemsize)
     return _ordered_reduce_scatter(n, topo, itemsize) + _ring_allgather(block, topo)
+
+
+def _mesh_exchange(block: float, topo: Topology) -> Cost:
+    """Every rank sends ``block`` bytes to each of the other ``p - 1`` ranks at once, each
+    over its own TCP connection (dlcomm's mesh, ``dlcomm.comm.tcp_mesh``): one latency.
+    Across hosts the ``s`` ranks of a host put ``s (p - s)`` blocks on its link at once
+    (their ``s - 1`` blocks inside the host go through memory meanwhile and are not
+    charged); on one host each rank's ``p - 1`` blocks go through memory."""
+    p, s = topo.workers, topo.slots_per_host
+    if topo.hosts > 1:
+        crossing = s * (p - s)
+        return Cost(alpha=1.0, beta=block * crossing * topo.oversubscription,
+                    link_bytes=block * crossing)
+    return Cost(alpha_local=1.0, beta_local=block * (p - 1))
+
+
+def _ordered_tcp_reduce_scatter(n: float, topo: Topology, itemsize: int) -> Cost:
+    p = topo.workers
+    if p == 1 or n == 0:
+        return ZERO_COST
+    block = _largest_block(n, p, itemsize)
+    return _mesh_exchange(block, topo) + Cost(gamma=(p - 1) * block)
+
+
+def _ordered_tcp_allreduce(n: float, topo: Topology, itemsize: int) -> Cost:
+    p = topo.workers
+    if p == 1 or n == 0:
+        return ZERO_COST
+    if n * p <= ORDERED_SMALL_GATHER_BYTES:  # the whole buffers to every peer at once
+        return _mesh_exchange(n, topo) + Cost(gamma=(p - 1) * n)
+    # The library pipelines the two halves segment by segment, but both send on the same
+    # links, so their bytes add up; the latency is counted once per half.
+    block = _largest_block(n, p, itemsize)
+    return (_ordered_tcp_reduce_scatter(n, topo, itemsize)
+            + _mesh_exchange(block, topo))
 
 
 def _ring_allgather(per_rank: float, topo: Topology) -> Cost:
@@ -238,12 +275,31 @@ def ordered_reduce_scatter(n: float, topo: Topology, itemsize: int = DEFAULT_ITE
                       topo)
 
 
+def ordered_tcp_allreduce(n: float, topo: Topology, itemsize: int = DEFAULT_ITEMSIZE) -> Cost:
+    """dlcomm's ``ordered_tcp`` all-reduce: ``ordered``'s messages over the TCP mesh, where
+    every rank sends to all its peers at once (``_mesh_exchange``): small buffers whole to
+    every peer, larger ones as a scatter of blocks (reduced in rank order) and a gather of
+    the reduced blocks."""
+    return _with_call(
+        _ordered_tcp_allreduce(_check_bytes(n), topo, _check_itemsize(itemsize)), topo)
+
+
+def ordered_tcp_reduce_scatter(n: float, topo: Topology,
+                               itemsize: int = DEFAULT_ITEMSIZE) -> Cost:
+    """``ordered_tcp``'s reduce-scatter (the engine's when the all-reduce of that size is
+    ``ordered_tcp``): the scatter of blocks over the mesh and ``p - 1`` sums of a block."""
+    return _with_call(
+        _ordered_tcp_reduce_scatter(_check_bytes(n), topo, _check_itemsize(itemsize)), topo)
+
+
 def allreduce(algorithm: str, n: float, topo: Topology, leader_algorithm: str = "ring") -> Cost:
     """The all-reduce ``algorithm`` (one of ``ALLREDUCE_ALGORITHMS``) of ``n`` bytes."""
     if algorithm == "hierarchical":
         return hierarchical_allreduce(n, topo, leader_algorithm)
     if algorithm == "ordered":
         return ordered_allreduce(n, topo)
+    if algorithm == "ordered_tcp":
+        return ordered_tcp_allreduce(n, topo)
     if algorithm not in _FLAT:
         raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; the simulator models "
                          f"{', '.join(ALLREDUCE_ALGORITHMS)} (MPI's own, 'mpi' or 'native', "

@@ -6,11 +6,14 @@ the method's algorithm; summable compressors (every round an all-reduce) fuse ea
 payloads of the whole group the same way, with bypassed tensors dense in the first round;
 the others run tensor by tensor, round by round, through MPI's own collectives
 (``MPICommAdapter``: all-gather of unequal payloads, gTop-k's merge tree, all-reduce), a
-bypassed tensor as its own dense all-reduce. MPI chooses its algorithm per size; the model
+bypassed tensor as its own dense all-reduce. ``auto`` (the engine's default) is charged as
+the faster of ``ordered`` and ``ordered_tcp`` at each size, as its measured cost model
+chooses. MPI chooses its algorithm per size; the model
 takes the faster of ring and halving-doubling for its all-reduce and of ring and Bruck for
 its all-gather (the choice an MPI tuned for the network would make). The engine's
-reduce-scatter (DeAR's first half) is the ``ordered`` one under ``ordered`` and MPI's own
-(a ring) under every other algorithm. Compression runs on the engine's thread, so its time
+reduce-scatter (DeAR's first half) is the ``ordered`` one under ``ordered``, the mesh's
+under ``ordered_tcp``, that of the all-reduce auto picks under ``auto``, and MPI's own (a
+ring) under every other algorithm. Compression runs on the engine's thread, so its time
 occupies the channel.
 
 Rounds over a HOST or PEER group (``htopk``) run on sub-communicators: a HOST round is MPI's
@@ -38,7 +41,7 @@ from dlcomm.tools.simulate.compressors import (
     MeasuredCost,
 )
 from dlcomm.tools.simulate.devices import Device
-from dlcomm.tools.simulate.methods import Method
+from dlcomm.tools.simulate.methods import AUTO, AUTO_CANDIDATES, Method
 from dlcomm.tools.simulate.network import Cost, Network, Topology
 from dlcomm.tools.simulate.workload import Tensor
 
@@ -96,7 +99,10 @@ class MessageModel:
 
     def _collective_uncached(self, kind: str, nbytes: float) -> MessageCost:
         topo, m = self.network.topology, self.method
-        if kind == ALLREDUCE and m.algorithm != "mpi":
+        if kind == ALLREDUCE and m.algorithm == AUTO:
+            cost = self._fastest(*(collectives.allreduce(a, nbytes, topo)
+                                   for a in AUTO_CANDIDATES))
+        elif kind == ALLREDUCE and m.algorithm != "mpi":
             cost = collectives.allreduce(m.algorithm, nbytes, topo, m.leader_algorithm)
         elif kind in (ALLREDUCE, MPI_ALLREDUCE):
             cost = self._fastest(collectives.ring_allreduce(nbytes, topo),
@@ -107,8 +113,14 @@ class MessageModel:
             cost = cost + collectives.size_exchange(topo)
         elif kind == SPARSE_MERGE:
             cost = collectives.gtopk_merge_tree(nbytes, topo)
-        elif kind == "reducescatter" and m.algorithm == "ordered":
-            cost = collectives.ordered_reduce_scatter(nbytes, topo)
+        elif kind == "reducescatter" and m.algorithm in ("ordered", "ordered_tcp", AUTO):
+            algorithm = m.algorithm
+            if algorithm == AUTO:  # the reduce-scatter of the all-reduce auto picks here
+                algorithm = min(AUTO_CANDIDATES, key=lambda a: collectives.allreduce(
+                    a, nbytes, topo).seconds(self.network.params))
+            cost = (collectives.ordered_tcp_reduce_scatter(nbytes, topo)
+                    if algorithm == "ordered_tcp"
+                    else collectives.ordered_reduce_scatter(nbytes, topo))
         elif kind == "reducescatter":
             cost = collectives.ring_reduce_scatter(nbytes, topo)
         elif kind == "ringallgather":
@@ -194,7 +206,8 @@ class MessageModel:
 
     def reduce_scatter(self, nbytes: float) -> MessageCost:
         """DeAR's first half: the engine's reduce-scatter of a bucket of ``nbytes`` (the
-        ordered one under ``ordered``, else MPI's, a ring)."""
+        ordered one under ``ordered``, over the mesh under ``ordered_tcp``, the one of the
+        all-reduce ``auto`` picks at that size under ``auto``, else MPI's, a ring)."""
         return self.collective("reducescatter", nbytes)
 
     def all_gather(self, nbytes: float) -> MessageCost:

@@ -21,14 +21,17 @@ from dlcomm.tools.simulate.compressors import CompressorModel
 
 SCHEDULES = ("wfbp", "mgwfbp", "dear", "none")  # dlcomm's names (frameworks/torch/schedules)
 # dlcomm's DLCOMM_ALLREDUCE_ALGORITHM values; "mpi" (MPI's own) is modelled as the faster
-# of ring and halving-doubling at each size.
-ALGORITHMS = (*ALLREDUCE_ALGORITHMS, "mpi")
+# of ring and halving-doubling at each size, and "auto" (the engine's default) as the faster
+# of its candidates at each size (AUTO_CANDIDATES), as its measured cost model picks.
+AUTO = "auto"
+ALGORITHMS = (*ALLREDUCE_ALGORITHMS, "mpi", AUTO)
 # Mirrored from dlcomm.collectives.registry (importing it starts MPI; a test checks they
-# agree): earlier names still accepted. The engine's default, `auto`, picks `ordered` or
-# `pipelined` per size; both move ordered's bytes in rank order, and the model charges them
-# as `ordered` (pipelined's overlap of segments is not modelled: an upper bound).
-ALGORITHM_ALIASES = {"native": "mpi", "auto": "ordered", "pipelined": "ordered"}
-DEFAULT_ALGORITHM = "ordered"  # what the engine's default, auto, is modelled as
+# agree): earlier names still accepted. `pipelined` moves ordered's bytes in rank order and
+# is charged as `ordered` (its overlap of segments is not modelled: an upper bound).
+ALGORITHM_ALIASES = {"native": "mpi", "pipelined": "ordered"}
+# dlcomm.collectives.selection.DETERMINISTIC_CANDIDATES without `pipelined` (as `ordered`).
+AUTO_CANDIDATES = ("ordered", "ordered_tcp")
+DEFAULT_ALGORITHM = AUTO  # the engine's default
 DEFAULT_FUSION_THRESHOLD = 64 << 20  # DLCOMM_FUSION_THRESHOLD's default
 DEFAULT_DEAR_BUCKET_SIZE = 4 << 20  # DLCOMM_DEAR_BUCKET_SIZE's default
 DEFAULT_MIN_COMPRESS_SIZE = 1024  # DLCOMM_MIN_COMPRESS_SIZE's default
