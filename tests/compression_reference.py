@@ -38,7 +38,9 @@ def _tree_merge(compressor: Compressor, per_rank: list, ctx: object) -> list:
 def simulate(compressors: list, tensors: list, name: str, average: bool = True) -> np.ndarray:
     """What every rank should get from compressed_allreduce, for P = len(compressors) ranks."""
     size = len(compressors)
-    if not compressors[0].applies_to(tensors[0]):
+    compressed = [c.compresses(t, name) for c, t in zip(compressors, tensors)]
+    assert len(set(compressed)) == 1, compressed  # every rank decides alike
+    if not compressed[0]:
         out = np.sum(tensors, axis=0, dtype=tensors[0].dtype)
         return out / out.dtype.type(size) if average else out
     steps = [c.compress(t, name) for c, t in zip(compressors, tensors)]

@@ -155,6 +155,12 @@ class Compressor:
             return False
         return tensor.ndim >= 2 or self.compress_1d
 
+    def compresses(self, tensor: object, name: str) -> bool:
+        """Whether this exchange of ``tensor`` (named ``name``) is compressed: ``applies_to``
+        here; ``DenseStart`` also sends a tensor's first exchanges dense. A driver calls it
+        once per exchange (it may count)."""
+        return self.applies_to(tensor)
+
     # -- the protocol ----------------------------------------------------------------------
     def compress(self, tensor: object, name: str) -> tuple[list, Context]:
         """Return round 0's payloads for ``tensor`` and the context for the next calls."""
@@ -296,6 +302,9 @@ class CompressorWrapper(Compressor):
     def compress_1d(self) -> bool:  # type: ignore[override]
         return self.inner.compress_1d
 
+    def compresses(self, tensor: object, name: str) -> bool:
+        return self.inner.compresses(tensor, name)
+
     def compress(self, tensor: object, name: str) -> tuple[list, Context]:
         return self.inner.compress(tensor, name)
 
@@ -344,6 +353,14 @@ class CompressorWrapper(Compressor):
 
     def describe(self) -> str:
         return self.inner.describe()
+
+
+def with_param(spec: str, key: str, value: object) -> str:
+    """The registry ``spec`` with ``key=value`` added to its parameters (before a ``+cast``),
+    for ``describe`` of a wrapper that a spec parameter builds."""
+    head, plus, cast = spec.partition("+")
+    sep = "," if ":" in head else ":"
+    return f"{head}{sep}{key}={value}{plus}{cast}"
 
 
 def copy_state(state: Any) -> Any:

@@ -16,7 +16,9 @@ sent (momentum factor masking: ``u - C(u)`` for a compressor whose selection is 
 sparsifiers and low-rank projections, ``u * clip(e / acc, 0, 1)`` otherwise). The reduced
 result ``R`` is then a velocity; the optimizer receives ``R_t - m R_{t-1}``, so its own
 momentum buffer ``m buf + d`` equals ``R_t`` and it steps by ``lr * R_t``. Momentum 0 (the
-default) is plain error feedback, bit for bit.
+default) is plain error feedback, bit for bit; ``momentum_correction=False`` (spec ``mc=0``)
+keeps it plain whatever the optimizer's momentum, the PowerSGD paper's algorithm and DDP's
+PowerSGD hook's.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from dlcomm.compression.base import (
     check_op,
     check_tensor,
     copy_state,
+    with_param,
 )
 from dlcomm.compression.sparsify import TopK, k_for
 from dlcomm.compression.topk_select import native_topk_with_residual
@@ -42,17 +45,22 @@ class ErrorFeedback(CompressorWrapper):
     ``momentum`` > 0, a per-tensor velocity (``self.velocities``) and the previous reduced
     result (``self.results``) for momentum correction."""
 
-    def __init__(self, inner: object, momentum: float = 0.0) -> None:
+    def __init__(self, inner: object, momentum: float = 0.0,
+                 momentum_correction: bool = True) -> None:
         super().__init__(inner)
-        self.momentum = check_momentum(momentum)
+        self.momentum_correction = bool(momentum_correction)
+        self.momentum = check_momentum(momentum) if self.momentum_correction else 0.0
         self.velocities: dict[str, object] = {}
         self.results: dict[str, object] = {}
 
     def set_momentum(self, momentum: float) -> None:
         """The momentum the optimizer applies after the all-reduce (SGD's ``momentum``);
         0 turns momentum correction off. Read at each step's ``compress``, so a schedule
-        that changes the optimizer's momentum may call it every step."""
-        self.momentum = check_momentum(momentum)
+        that changes the optimizer's momentum may call it every step. Without
+        ``momentum_correction`` (spec ``mc=0``: error feedback on the bare gradient, as the
+        PowerSGD paper and DDP's PowerSGD hook do) it is checked and ignored."""
+        momentum = check_momentum(momentum)
+        self.momentum = momentum if self.momentum_correction else 0.0
 
     def compress(self, tensor: object, name: str) -> tuple[list, Context]:
         check_tensor(tensor, name)
@@ -192,4 +200,5 @@ class ErrorFeedback(CompressorWrapper):
         self.results = copy_state(state["results"])
 
     def describe(self) -> str:
-        return self.inner.describe()
+        spec = self.inner.describe()
+        return spec if self.momentum_correction else with_param(spec, "mc", 0)

@@ -78,7 +78,8 @@ def compressed_allreduce(
     """All-reduce ``tensor`` across ``comm`` through ``compressor``; every rank gets the same
     array of the input's shape and dtype (the mean with ``average``, else the sum).
 
-    Tensors the compressor does not apply to (``applies_to``: small or 1-D) go dense.
+    Tensors the compressor does not compress (``compresses``: small or 1-D, or a
+    ``DenseStart``'s first exchanges) go dense.
     """
     if not isinstance(compressor, Compressor):
         raise TypeError(f"compressor must be a Compressor, got {type(compressor).__name__}")
@@ -119,9 +120,10 @@ def run_rounds(
     """Drive the compressors' rounds for several tensors at once: the one round loop of
     compressed all-reduce, behind ``compressed_allreduce`` and the engine's fused path.
 
-    ``items`` are ``(compressor, tensor, name)``; tensors a compressor does not apply to go
-    dense in the first round. All-reduce rounds of every tensor are summed together by
-    ``sum_payloads(arrays) -> sums`` (default: one ``comm.allreduce_sum`` per array; the
+    ``items`` are ``(compressor, tensor, name)``; tensors a compressor does not compress
+    (``Compressor.compresses``) go dense in the first round. All-reduce rounds of every
+    tensor are summed together by ``sum_payloads(arrays) -> sums`` (default: one
+    ``comm.allreduce_sum`` per array; the
     engine passes one that fuses them); all-gather, sparse-merge and reduce-scatter rounds,
     and rounds over a HOST or PEER group (``Compressor.groups``: on sub-communicators from
     ``topology.host_groups``, whose ``HostTopology`` the driver puts in ``ctx.topology``)
@@ -139,9 +141,9 @@ def run_rounds(
     tensors: list[_Tensor] = []
     for i, (compressor, tensor, name) in enumerate(items):
         with phase(i, "compress"):
-            if compressor.applies_to(tensor):
+            if compressor.compresses(tensor, name):
                 tensors.append(_Tensor(compressor, *compressor.compress(tensor, name), False))
-            else:  # small or 1-D
+            else:  # small or 1-D, or within DenseStart's first exchanges
                 tensors.append(_Tensor(compressor, [tensor], None, True))
     hosts = _host_groups_for(tensors, comm)
     rounds = max((len(t.compressor.rounds) for t in tensors if not t.dense), default=1)

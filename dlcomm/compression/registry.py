@@ -6,7 +6,11 @@ Spec syntax::
     cast   := "fp16" | "bf16"        (casts the payloads of `name`, see payload_cast)
 
 e.g. ``"none"``, ``"topk:ratio=0.01,approx=1"``, ``"powersgd:rank=4+fp16"``, ``"qsgd:levels=8"``.
-Every compressor also takes ``ef=0|1``: wrap it in ``ErrorFeedback``. It defaults to 1 for
+Every compressor also takes ``start_iter=N`` (each tensor's first N exchanges go dense, as
+DDP's PowerSGD hook's ``start_powerSGD_iter``; ``DenseStart``), ``ef=0|1`` and, with error
+feedback, ``mc=0|1`` (momentum correction, on by default; ``mc=0`` keeps error feedback on
+the bare gradient whatever the optimizer's momentum, as the PowerSGD paper and DDP's hook
+do). ``ef=0|1`` wraps it in ``ErrorFeedback``. It defaults to 1 for
 topk, gtopk, htopk, efsignsgd, powersgd and acpsgd, whose convergence relies on it. randomk defaults
 to neither memory nor n/k scaling (``ef=0,unbiased=0``): both hand each element about n/k
 steps' worth of update at once, which diverges at a dense learning rate (see RandomK).
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 
 from dlcomm.compression.base import DEFAULT_MIN_COMPRESS_SIZE, Compressor
 from dlcomm.compression.casts import BF16Compressor, FP16Compressor, NoneCompressor
+from dlcomm.compression.dense_start import DenseStart, check_start_iter
 from dlcomm.compression.error_feedback import ErrorFeedback
 from dlcomm.compression.gtopk import GTopK
 from dlcomm.compression.htopk import HierarchicalTopK
@@ -33,6 +38,10 @@ from dlcomm.compression.sparsify import RandomK, TopK
 ENV_COMPRESSION = "DLCOMM_COMPRESSION"
 ENV_MIN_COMPRESS_SIZE = "DLCOMM_MIN_COMPRESS_SIZE"
 ENV_COMPRESS_1D = "DLCOMM_COMPRESS_1D"
+
+
+# Parameters every compressor takes (module doc), beside its own.
+COMMON_PARAMS: Mapping[str, type] = {"ef": bool, "mc": bool, "start_iter": int}
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object], str | None]:
     if name not in REGISTRY:
         raise ValueError(f"unknown compressor {name!r}; valid names: {available_compressors()}")
     entry = REGISTRY[name]
-    valid = {**entry.params, "ef": bool}
+    valid = {**entry.params, **COMMON_PARAMS}
     params: dict[str, object] = {}
     for item in filter(None, (s.strip() for s in arg_text.split(","))):
         key, eq, raw = item.partition("=")
@@ -137,13 +146,20 @@ def get_compressor(
     name, params, cast = parse_spec(spec)
     entry = REGISTRY[name]
     ef = bool(params.pop("ef", entry.error_feedback))
+    mc = params.pop("mc", None)
+    if mc is not None and not ef:
+        raise ValueError(f"{spec!r}: mc (momentum correction) belongs to error feedback, "
+                         f"which is off here (ef=0)")
+    start_iter = check_start_iter(params.pop("start_iter", 0))
     compressor = entry.factory(
         **params, min_compress_size=min_compress_size, compress_1d=compress_1d
     )
     if cast is not None:
         compressor = PayloadCast(compressor, cast)
     if ef:
-        compressor = ErrorFeedback(compressor)
+        compressor = ErrorFeedback(compressor, momentum_correction=mc is None or bool(mc))
+    if start_iter:
+        compressor = DenseStart(compressor, start_iter)
     return compressor
 
 

@@ -17,7 +17,8 @@ rng = np.random.default_rng(r)
 xs = [rng.standard_normal(s).astype(np.float32) for s in [(64, 32), (10,), (128, 16), (3, 3, 8)]]
 ref_comm = MPICommAdapter(MPI.COMM_WORLD.Dup())
 SPECS = ["powersgd:rank=4", "acpsgd:rank=4", "fp16", "powersgd:rank=2+fp16", "randomk:ratio=0.3",
-         "topk:ratio=0.2", "gtopk:ratio=0.2", "efsignsgd", "qsgd:levels=4"]
+         "topk:ratio=0.2", "gtopk:ratio=0.2", "efsignsgd", "qsgd:levels=4",
+         "powersgd:rank=4,mc=0,start_iter=2", "topk:ratio=0.2,start_iter=1"]
 for spec in SPECS:
     engine_c, ref_c = get_compressor(spec), get_compressor(spec)
     for step in range(3):  # several steps: error feedback and warm starts carry state
@@ -29,6 +30,10 @@ for spec in SPECS:
         for a, b in zip(got, want):
             assert a.shape == b.shape and a.dtype == b.dtype
             np.testing.assert_allclose(a, b, rtol=tol, atol=tol * float(np.abs(b).max()))
+        if "start_iter=2" in spec and step < 2:  # DDP's warm-up: the plain average
+            for k, (a, x) in enumerate(zip(got, xs)):
+                dense = hvd.allreduce(x, name=f"dense.{spec}.{step}.{k}")
+                np.testing.assert_allclose(a, dense, rtol=1e-6, atol=1e-6)
         everyone = hvd.allgather(np.concatenate([g.ravel() for g in got])[None], name="chk")
         assert all(np.array_equal(everyone[0], e) for e in everyone), spec
 # bytes_sent counts compressed payloads: topk at 1% sends a small fraction of dense bytes

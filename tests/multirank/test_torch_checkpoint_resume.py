@@ -9,7 +9,7 @@ from __future__ import annotations
 from checkpoint_phases import assert_resume_equals_full, run_phases
 
 SPECS = ["none", "topk:ratio=0.1", "powersgd:rank=2", "acpsgd:rank=2", "efsignsgd",
-         "randomk:ratio=0.1,ef=1", "gtopk:ratio=0.1"]
+         "randomk:ratio=0.1,ef=1", "gtopk:ratio=0.1", "powersgd:rank=2,mc=0,start_iter=5"]
 
 SCRIPT = r'''
 import sys

@@ -29,7 +29,8 @@ def test_registry_builds_htopk_with_error_feedback() -> None:
 
 @pytest.mark.parametrize("spec,match", [
     ("htopk:ratio=0", r"\(0, 1\]"), ("htopk:ratio=1.5", r"\(0, 1\]"),
-    ("htopk:k=5", r"valid parameters: \['approx', 'ef', 'ratio'\]"), ("htopk:ratio=x", "not float"),
+    ("htopk:k=5", r"valid parameters: \['approx', 'ef', 'mc', 'ratio', 'start_iter'\]"),
+    ("htopk:ratio=x", "not float"),
     ("htopk+fp16", "does not compose"), ("htopk+bf16", "does not compose"),
 ])
 def test_bad_htopk_specs_raise_value_error(spec: str, match: str) -> None:

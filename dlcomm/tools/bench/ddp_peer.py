@@ -118,9 +118,13 @@ def wrap_model(model: Any, compression: str, bucket_cap_mb: float | None = None)
     if name == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif name == "powersgd":
+        # dlcomm's start_iter, where given, is DDP's start_powerSGD_iter (never below the
+        # fewest DDP allows); error feedback as the spec says (DDP's has no momentum
+        # correction: compare with dlcomm's mc=0)
+        start = max(POWERSGD_START_ITER, int(params.get("start_iter", POWERSGD_START_ITER)))
         state = powerSGD_hook.PowerSGDState(
             process_group=None, matrix_approximation_rank=int(params.get("rank", 4)),
-            start_powerSGD_iter=POWERSGD_START_ITER, use_error_feedback=True,
+            start_powerSGD_iter=start, use_error_feedback=bool(params.get("ef", True)),
             warm_start=True, random_seed=int(params.get("seed", 0)))
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return ddp
