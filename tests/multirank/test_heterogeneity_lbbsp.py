@@ -2,6 +2,8 @@
 b_i/B-weighted gradient sum equal to the full-batch gradient."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -112,46 +114,81 @@ def test_sampler_hands_out_disjoint_consecutive_slices() -> None:
         assert joined == order[step * 10:(step + 1) * 10].tolist()
 
 
-@pytest.mark.parametrize("schedule", ["wfbp", "none"])
-def test_lbbsp_weighted_gradient_is_the_full_batch_gradient(tmp_path, schedule) -> None:
-    run_mpi(3, f"SCHEDULE = {schedule!r}\n" + r'''
+LBBSP_SCRIPT = r'''
+import json, sys
 import numpy as np, torch
 import dlcomm.torch as hvd
 from dlcomm.torch.sync import BalancedBatchSampler
+schedules, out = sys.argv[1].split(","), sys.argv[2]
 hvd.init()
 rank, n = hvd.rank(), hvd.size()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
-opt = torch.optim.SGD(model.parameters(), lr=0.0)
-opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                               sync="lbbsp:global_batch=12,min_batch=1,max_batch=8",
-                               schedule=SCHEDULE)
-bal = opt.balancer
-data = torch.randn(40, 4, generator=torch.Generator().manual_seed(7))
-target = torch.randn(40, 2, generator=torch.Generator().manual_seed(8))
-sampler = BalancedBatchSampler(40, bal, seed=3)
-reference = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
-reference.load_state_dict(model.state_dict())
-for step, idx in enumerate(sampler):
-    if step == 0:
-        bal.batch_sizes = [2, 7, 3]  # uneven on purpose (same on every rank)
-        idx = next(iter(sampler))
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(data[idx]), target[idx]).backward()
-    opt.step()
-    sizes = bal.batch_sizes
-    everyone = hvd.allgather(torch.tensor([sizes]), name=f"sizes{step}")
-    assert all(everyone[r].tolist() == sizes for r in range(n)), everyone
-    assert sum(sizes) == 12 and all(1 <= b <= 8 for b in sizes)
-    if step == 0:
-        order = np.random.default_rng(3).permutation(40)[:12]
-        reference.zero_grad()
-        torch.nn.functional.mse_loss(reference(data[order]), target[order]).backward()
-        for p, q in zip(model.parameters(), reference.parameters()):
-            assert torch.allclose(p.grad, q.grad, atol=1e-6), (p.grad - q.grad).abs().max()
-    if step == 2:
-        break
+
+
+def run(SCHEDULE):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   sync="lbbsp:global_batch=12,min_batch=1,max_batch=8",
+                                   schedule=SCHEDULE)
+    bal = opt.balancer
+    data = torch.randn(40, 4, generator=torch.Generator().manual_seed(7))
+    target = torch.randn(40, 2, generator=torch.Generator().manual_seed(8))
+    sampler = BalancedBatchSampler(40, bal, seed=3)
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(),
+                                    torch.nn.Linear(3, 2))
+    reference.load_state_dict(model.state_dict())
+    steps = 0
+    for step, idx in enumerate(sampler):
+        if step == 0:
+            bal.batch_sizes = [2, 7, 3]  # uneven on purpose (same on every rank)
+            idx = next(iter(sampler))
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(data[idx]), target[idx]).backward()
+        opt.step()
+        sizes = bal.batch_sizes
+        everyone = hvd.allgather(torch.tensor([sizes]), name=f"{SCHEDULE}.sizes{step}")
+        assert all(everyone[r].tolist() == sizes for r in range(n)), (SCHEDULE, everyone)
+        assert sum(sizes) == 12 and all(1 <= b <= 8 for b in sizes), (SCHEDULE, sizes)
+        if step == 0:
+            order = np.random.default_rng(3).permutation(40)[:12]
+            reference.zero_grad()
+            torch.nn.functional.mse_loss(reference(data[order]), target[order]).backward()
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert torch.allclose(p.grad, q.grad, atol=1e-6), (
+                    SCHEDULE, (p.grad - q.grad).abs().max())
+        steps += 1
+        if step == 2:
+            break
+    with open(f"{out}/rank{rank}_{SCHEDULE}.json", "w") as f:
+        json.dump({"steps": steps}, f)
+
+
+# One job runs every schedule in turn (a fresh model and optimizer each): one start-up of
+# MPI and torch instead of one per schedule. An assertion fails the whole job, naming the
+# schedule; each schedule's test then checks that every rank wrote its result.
+for schedule in schedules:
+    run(schedule)
 if rank == 0:
     print("LBBSP OK")
 hvd.shutdown()
-''', tmp_path, timeout=180)
+'''
+
+LBBSP_SCHEDULES = ["wfbp", "none"]
+
+
+@pytest.fixture(scope="module")
+def lbbsp_job(tmp_path_factory):
+    """One 3-rank job for every schedule; returns the folder of its per-rank, per-schedule
+    results."""
+    out = tmp_path_factory.mktemp("lbbsp")
+    run_mpi(3, LBBSP_SCRIPT, out, timeout=240, args=[",".join(LBBSP_SCHEDULES), str(out)])
+    return out
+
+
+@pytest.mark.parametrize("schedule", LBBSP_SCHEDULES)
+def test_lbbsp_weighted_gradient_is_the_full_batch_gradient(lbbsp_job, schedule) -> None:
+    for r in range(3):
+        result = lbbsp_job / f"rank{r}_{schedule}.json"
+        assert result.exists(), f"{schedule}: rank {r} wrote no result"
+        assert json.loads(result.read_text()) == {"steps": 3}, (schedule, r)
