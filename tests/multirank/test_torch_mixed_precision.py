@@ -94,7 +94,7 @@ def job(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("job,mode", [(n, m) for n, ms in MODES_BY_RANKS.items() for m in ms],
-                         indirect=["job"])
+                         indirect=["job"], scope="module")
 def test_one_rank_overflows_every_rank_skips(job, mode):
     np_, out = job
     results = [json.loads((out / f"rank{r}_{mode}.json").read_text()) for r in range(np_)]
