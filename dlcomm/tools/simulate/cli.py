@@ -134,8 +134,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--peer", default="dlcomm", choices=("dlcomm", "mpi4py"),
                    help="whose times to fit (default dlcomm: the engine included)")
     p.add_argument("--algorithm", default=None, help="DLCOMM_ALLREDUCE_ALGORITHM of files "
-                   "without a campaign setup: ordered (the engine's default, and this one's), "
-                   "ring, rhd, tree, hierarchical")
+                   "without a campaign setup: ordered (this one's default), ordered_tcp, "
+                   "ring, rhd, tree, hierarchical (not auto, the engine's default: it picks "
+                   "per size)")
     p.add_argument("--prior", action="append", default=[], metavar="NAME=VALUE",
                    help="fix a parameter instead of fitting it (repeatable)")
     p.add_argument("--min-bytes", type=float, default=0.0, help="ignore smaller sizes")

@@ -7,7 +7,7 @@ own JSON (``examples/torch_mnist.py --phase-times --json``): ``{"setup": {...}, 
 ``slots_per_host``), the model (a ``model_zoo`` name), the simulator's method string, the
 ``--heterogeneity`` text if any, and the all-reduce algorithm (``DLCOMM_ALLREDUCE_ALGORITHM``
 of the run: the method's unless the method string names one, which must then agree; files
-without it ran the engine's default, ``ordered``). The prediction uses the
+without it are predicted with the engine's default, ``auto``). The prediction uses the
 calibrated network, the model's tensors, and the computation measured in the run itself
 (each rank's median forward+backward from ``--phase-times``: BSP waits for the slowest; with a
 ``compute=`` straggler, the fastest rank's time per sample and the emulator's speeds), and
