@@ -22,6 +22,7 @@ sets its time. ``n`` is always bytes per rank; ``overhead`` is counted once per 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from dlcomm.tools.simulate.network import ZERO_COST, Cost, Topology
 
@@ -113,24 +114,29 @@ def _check_itemsize(itemsize: int) -> int:
     return itemsize
 
 
-def _ordered_reduce_scatter(n: float, topo: Topology, itemsize: int) -> Cost:
+def _rank_order_reduce_scatter(n: float, topo: Topology, itemsize: int,
+                               scatter: Callable[[float, Topology], Cost]) -> Cost:
+    """Each rank gets every rank's copy of its block by ``scatter`` and sums them in rank
+    order; the slowest rank has a largest block."""
     p = topo.workers
     if p == 1 or n == 0:  # nothing to send: the transport returns at once
         return ZERO_COST
     block = _largest_block(n, p, itemsize)
-    # The slowest rank (a largest block) receives p - 1 copies of it and reduces them in
-    # rank order into its block: p - 1 element-wise sums of the block.
-    return _alltoall(block, topo) + Cost(gamma=(p - 1) * block)
+    return scatter(block, topo) + Cost(gamma=(p - 1) * block)
 
 
-def _ordered_allreduce(n: float, topo: Topology, itemsize: int) -> Cost:
+def _rank_order_allreduce(n: float, topo: Topology, itemsize: int,
+                          scatter: Callable[[float, Topology], Cost],
+                          gather: Callable[[float, Topology], Cost]) -> Cost:
+    """Small buffers: ``gather`` them whole and sum locally; larger ones: the reduce-scatter
+    above, then ``gather`` of the reduced blocks."""
     p = topo.workers
     if p == 1 or n == 0:
         return ZERO_COST
-    if n * p <= ORDERED_SMALL_GATHER_BYTES:  # all-gather the whole buffers, reduce locally
-        return _ring_allgather(n, topo) + Cost(gamma=(p - 1) * n)
+    if n * p <= ORDERED_SMALL_GATHER_BYTES:
+        return gather(n, topo) + Cost(gamma=(p - 1) * n)
     block = _largest_block(n, p, itemsize)
-    return _ordered_reduce_scatter(n, topo, itemsize) + _ring_allgather(block, topo)
+    return _rank_order_reduce_scatter(n, topo, itemsize, scatter) + gather(block, topo)
 
 
 def _mesh_exchange(block: float, topo: Topology) -> Cost:
@@ -147,25 +153,22 @@ def _mesh_exchange(block: float, topo: Topology) -> Cost:
     return Cost(alpha_local=1.0, beta_local=block * (p - 1))
 
 
+def _ordered_reduce_scatter(n: float, topo: Topology, itemsize: int) -> Cost:
+    return _rank_order_reduce_scatter(n, topo, itemsize, _alltoall)
+
+
+def _ordered_allreduce(n: float, topo: Topology, itemsize: int) -> Cost:
+    return _rank_order_allreduce(n, topo, itemsize, _alltoall, _ring_allgather)
+
+
 def _ordered_tcp_reduce_scatter(n: float, topo: Topology, itemsize: int) -> Cost:
-    p = topo.workers
-    if p == 1 or n == 0:
-        return ZERO_COST
-    block = _largest_block(n, p, itemsize)
-    return _mesh_exchange(block, topo) + Cost(gamma=(p - 1) * block)
+    return _rank_order_reduce_scatter(n, topo, itemsize, _mesh_exchange)
 
 
 def _ordered_tcp_allreduce(n: float, topo: Topology, itemsize: int) -> Cost:
-    p = topo.workers
-    if p == 1 or n == 0:
-        return ZERO_COST
-    if n * p <= ORDERED_SMALL_GATHER_BYTES:  # the whole buffers to every peer at once
-        return _mesh_exchange(n, topo) + Cost(gamma=(p - 1) * n)
     # The library pipelines the two halves segment by segment, but both send on the same
     # links, so their bytes add up; the latency is counted once per half.
-    block = _largest_block(n, p, itemsize)
-    return (_ordered_tcp_reduce_scatter(n, topo, itemsize)
-            + _mesh_exchange(block, topo))
+    return _rank_order_allreduce(n, topo, itemsize, _mesh_exchange, _mesh_exchange)
 
 
 def _ring_allgather(per_rank: float, topo: Topology) -> Cost:
