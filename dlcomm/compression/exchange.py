@@ -73,10 +73,12 @@ def MPICommAdapter(mpi_comm: object) -> ExchangeComm:  # noqa: N802 - its name a
 
 
 def compressed_allreduce(
-    compressor: Compressor, tensor: object, name: str, comm: ExchangeComm, average: bool = True
+    compressor: Compressor, tensor: object, name: str, comm: ExchangeComm, average: bool = True,
+    phase: Callable[[int, str], AbstractContextManager] | None = None,
 ) -> object:
     """All-reduce ``tensor`` across ``comm`` through ``compressor``; every rank gets the same
     array of the input's shape and dtype (the mean with ``average``, else the sum).
+    ``phase`` (optional) wraps the compress and the decompress, as in ``run_rounds``.
 
     Tensors the compressor does not compress (``compresses``: small or 1-D, or a
     ``DenseStart``'s first exchanges) go dense.
@@ -86,7 +88,7 @@ def compressed_allreduce(
     check_tensor(tensor, name)
     if not isinstance(comm, ExchangeComm):
         raise TypeError("comm must provide size, rank, allreduce_sum, allgather and sendrecv")
-    ((out, summed),) = run_rounds([(compressor, tensor, name)], comm, average)
+    ((out, summed),) = run_rounds([(compressor, tensor, name)], comm, average, phase=phase)
     return out / out.dtype.type(comm.size) if average and summed else out
 
 

@@ -58,3 +58,9 @@ def test_compressed_allreduce_through_engine_equals_reference(tmp_path):
     events = json.loads((tmp_path / "tl-0.json").read_text())
     phases = {e.get("name") for e in events}
     assert {"compress", "decompress", "communicate"} <= phases, phases
+    # tensor by tensor (all-gather rounds) too: the compress and decompress inside communicate
+    rows = {e["tid"]: e["args"]["name"] for e in events
+            if e.get("ph") == "M" and "name" in e.get("args", {})}
+    topk = {e["name"] for e in events
+            if e.get("ph") == "X" and rows.get(e["tid"], "").startswith("topk:ratio=0.2.")}
+    assert {"compress", "decompress", "communicate"} <= topk, topk

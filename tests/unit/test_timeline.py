@@ -110,6 +110,26 @@ def test_summary_numbers_equal_what_was_written(tmp_path: Path, clock: FakeClock
     assert f"{comm['grad.c']:.3f}" in text
 
 
+def test_a_tensors_total_counts_nested_phases_once(tmp_path: Path, clock: FakeClock) -> None:
+    # a compressed tensor's compress and decompress run inside its communicate
+    tl = Timeline(str(tmp_path / "t.json"), 0)
+    tl.begin("topk.w", "queued")
+    clock.advance_us(100)
+    tl.end("topk.w", "queued")
+    with tl.phase("topk.w", "communicate"):
+        with tl.phase("topk.w", "compress"):
+            clock.advance_us(300)
+        clock.advance_us(500)
+        with tl.phase("topk.w", "decompress"):
+            clock.advance_us(200)
+    tl.close()
+    summary = summarize(load_trace(tmp_path / "t.json"))
+    (t,) = summary.tensors
+    assert t.communicate_ms == pytest.approx(1.0)
+    assert t.total_ms == pytest.approx(1.1)  # not 1.6: the nested 0.5 ms counted once
+    assert {p.phase: p.total_ms for p in summary.phases}["compress"] == pytest.approx(0.3)
+
+
 def test_unfinished_phase_is_closed_and_marked(tmp_path: Path, clock: FakeClock) -> None:
     tl = Timeline(str(tmp_path / "t.json"), 0)
     tl.begin("stuck", "negotiate")

@@ -106,12 +106,17 @@ class CompressedAllreduce(Operation):
         """A compressor with all-gather or merge rounds: each tensor through its rounds."""
         sig = response.reference
         exchange = self.state.process_set(response).exchange_comm()
+        timeline = self.state.timeline
+
+        def phase(_: int, name: str) -> AbstractContextManager:  # inside "communicate"
+            return timeline.phase(response.name, name)
+
         try:
             for name, src, out in _tensors(response, request):
-                with self.state.timeline.phase(response.name, "communicate",
-                                               {"compression": sig.compression}):
+                with timeline.phase(response.name, "communicate",
+                                    {"compression": sig.compression}):
                     y = compressed_allreduce(request.compressor, src, name, exchange,
-                                             average=sig.op == "average")
+                                             average=sig.op == "average", phase=phase)
                 scale_into(y, sig.postscale, out)
         except PeerLostError:  # the job is broken: the engine stops and closes the mesh
             raise

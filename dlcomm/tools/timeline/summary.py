@@ -137,8 +137,29 @@ def phase_order(phase: str) -> tuple[int, str]:
     return (PHASES.index(phase), "") if phase in PHASES else (len(PHASES), phase)
 
 
+def _spans_by_rank_and_tensor(spans: list[Span]) -> dict[tuple[int, str], list[Span]]:
+    out: dict[tuple[int, str], list[Span]] = {}
+    for s in spans:
+        out.setdefault((s.rank, s.tensor), []).append(s)
+    return out
+
+
+def _covered_us(spans: list[Span]) -> float:
+    """Microseconds covered by ``spans``, each instant once: phases nested in another (the
+    compress and decompress inside a compressed tensor's communicate) are not counted
+    twice."""
+    total, end = 0.0, float("-inf")
+    for s in sorted(spans, key=lambda s: s.start_us):
+        start, stop = max(s.start_us, end), s.start_us + s.dur_us
+        if stop > start:
+            total += stop - start
+        end = max(end, stop)
+    return total
+
+
 def summarize(trace: Trace) -> TimelineSummary:
-    """Per phase: count, total, mean and max; per tensor: communicate and total time."""
+    """Per phase: count, total, mean and max; per tensor: communicate time and total time
+    (the time covered by any of its phases, summed over ranks)."""
     if not isinstance(trace, Trace):
         raise TypeError("summarize() takes a Trace (from load_trace())")
     by_phase: dict[str, list[float]] = {}
@@ -149,7 +170,8 @@ def summarize(trace: Trace) -> TimelineSummary:
         if s.phase == "communicate":
             t[0] += 1
             t[1] += s.dur_us
-        t[2] += s.dur_us
+    for (_, tensor), spans in _spans_by_rank_and_tensor(trace.spans).items():
+        by_tensor[tensor][2] += _covered_us(spans)
     phases = [
         PhaseStats(p, len(d), sum(d) / 1e3, sum(d) / len(d) / 1e3, max(d) / 1e3)
         for p, d in sorted(by_phase.items(), key=lambda kv: phase_order(kv[0]))
