@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm.config import knob_value, parse_bytes
 from dlcomm.errors import DLCommError
 
 CONNECT_TIMEOUT_S = 5.0  # per address tried
@@ -32,6 +33,7 @@ ACCEPT_TIMEOUT_S = 60.0  # for every lower rank to connect
 _SIOCGIFADDR = 0x8915
 # Open MPI's own choice of interfaces, when the launcher or user set one (e.g. --emulate).
 INCLUDE_ENV = "OMPI_MCA_btl_tcp_if_include"
+SEND_BUFFER_ENV = "DLCOMM_TCP_MESH_SEND_BUFFER"
 
 
 class MeshError(DLCommError):
@@ -174,6 +176,27 @@ def _detect_dead_peer(conn: socket.socket, seconds: float) -> None:
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(seconds * 1000))
 
 
+def send_buffer_bytes(send_buffer: int | str | None = None,
+                      environ: dict[str, str] | None = None) -> int:
+    """The mesh connections' SO_SNDBUF: ``send_buffer``, else ``DLCOMM_TCP_MESH_SEND_BUFFER``
+    in ``environ`` (default ``os.environ``), else 128 KiB; 0 leaves the kernel's autotuning.
+    ValueError for anything but a byte count >= 0."""
+    environ = os.environ if environ is None else environ
+    source = "send_buffer="
+    if send_buffer is None:
+        send_buffer, source = environ.get(SEND_BUFFER_ENV), SEND_BUFFER_ENV
+        if send_buffer is None:
+            return knob_value("tcp_mesh_send_buffer")
+    if isinstance(send_buffer, bool) or not isinstance(send_buffer, (int, str)):
+        raise ValueError(f"{source} must be a byte count >= 0, got {send_buffer!r}")
+    try:
+        value = parse_bytes(str(send_buffer))
+    except ValueError:
+        raise ValueError(f"{source} must be a byte count >= 0 such as 131072 or 128k, "
+                         f"got {send_buffer!r}") from None
+    return value
+
+
 def _bytes_view(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
@@ -184,13 +207,25 @@ class TcpMesh:
 
     def __init__(self, comm: Any, environ: dict[str, str] | None = None,
                  dead_peer_s: float | None = None,
-                 accept_timeout_s: float = ACCEPT_TIMEOUT_S) -> None:
+                 accept_timeout_s: float = ACCEPT_TIMEOUT_S,
+                 send_buffer: int | None = None) -> None:
         """``comm`` needs only ``rank``, ``size``, ``bcast_object`` and ``allgather`` (an
         ``MPICommunicator``, or the elastic driver's ``RoundBootstrap``). ``dead_peer_s``:
         declare a silent peer dead after about that many seconds (TCP keepalive and user
         timeout), so a cut link fails a blocked exchange instead of hanging it.
-        ``accept_timeout_s``: how long to wait for the lower ranks to connect."""
+        ``accept_timeout_s``: how long to wait for the lower ranks to connect.
+        ``send_buffer``: SO_SNDBUF of every connection in bytes (0: the kernel's
+        autotuning); ``DLCOMM_TCP_MESH_SEND_BUFFER`` when None."""
         self.rank, self.size = comm.rank, comm.size
+        # A bad value on any rank is refused on every rank (none waits for the others).
+        try:
+            send_buffer = send_buffer_bytes(send_buffer, environ)
+            bad = ""
+        except ValueError as exc:
+            bad = f"rank {self.rank}: {exc}"
+        bad = next((b for b in comm.allgather(bad) if b), "")
+        if bad:
+            raise ValueError(bad)
         self._accept_timeout_s = accept_timeout_s
         self._unreachable: set[int] = set()
         self._conns: dict[int, socket.socket] = {}
@@ -226,6 +261,8 @@ class TcpMesh:
         for peer, conn in self._conns.items():
             conn.settimeout(None)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if send_buffer:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
             if dead_peer_s is not None:
                 _detect_dead_peer(conn, dead_peer_s)
             self._senders[peer] = _Worker(f"dlcomm-mesh-send-{peer}")

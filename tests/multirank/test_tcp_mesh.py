@@ -52,6 +52,14 @@ for (label, mesh), counts, dtype in itertools.product(
     if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
         failures.append(f"{label} alltoallv counts={counts} {np.dtype(dtype)}")
 
+# --- the send buffer: 128 KiB by default, as set; Linux reports twice the value set --------
+import socket
+for label, mesh, want_bytes in (("default", over_mesh[0][1].mesh, 128 << 10),
+                                ("64k", TcpMesh(comm, send_buffer="64k"), 64 << 10)):
+    got_bytes = {c.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) for c in mesh._conns.values()}
+    if got_bytes != {2 * want_bytes}:
+        failures.append(f"SO_SNDBUF {label}: {got_bytes}")
+
 # --- ordered_tcp's segmented pipeline equals ordered over MPI byte for byte ---------------
 ordered_module.MESH_SEGMENT_BYTES = MESH_SEGMENT_BYTES = 1024  # many segments, small buffers
 world = MPI.COMM_WORLD
@@ -94,6 +102,7 @@ import json, sys
 from mpi4py import MPI
 from dlcomm.comm.mesh_communicator import mesh_communicator
 from dlcomm.comm.mpi_backend import MPICommunicator
+from dlcomm.comm.tcp_mesh import TcpMesh
 
 comm = MPICommunicator(MPI.COMM_WORLD)
 out = {"off": mesh_communicator(comm, {"DLCOMM_TCP_MESH": "off"}) is None,
@@ -105,6 +114,11 @@ try:
     mesh_communicator(comm, {"DLCOMM_TCP_MESH": "yes"})
 except ValueError as exc:
     out["bad"] = str(exc)
+# A bad send buffer on rank 2 only: every rank raises, naming rank 2 (none waits).
+try:
+    TcpMesh(comm, {"DLCOMM_TCP_MESH_SEND_BUFFER": "lots"} if comm.rank == 2 else {})
+except ValueError as exc:
+    out["bad_buffer"] = str(exc)
 with open(f"{sys.argv[1]}/rank{comm.rank}.json", "w") as f:
     json.dump(out, f)
 """
@@ -116,6 +130,8 @@ def test_off_bad_values_and_a_rank_without_address(tmp_path: Path) -> None:
         out = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert out["off"] and out["self"] and out["no_address"]
         assert "DLCOMM_TCP_MESH must be 'auto' or 'off', got 'yes'" in out["bad"]
+        assert out["bad_buffer"] == ("rank 2: DLCOMM_TCP_MESH_SEND_BUFFER must be a byte count "
+                                     ">= 0 such as 131072 or 128k, got 'lots'")
 
 
 PEER_GONE = r"""
