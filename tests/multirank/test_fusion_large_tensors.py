@@ -1,7 +1,8 @@
 """A fusion group holding tensors of 4 MiB and more reduces those straight into their outputs
 and packs only the rest: on real ranks the results keep the rank-order bits of an unfused
 all-reduce, with average, prescale and postscale, whether zero, one or several small tensors
-remain to pack."""
+remain to pack; and the small ones go before the large ones (a bias all-reduced after its
+weight would make every rank wait for the last one out of the large all-reduce)."""
 from __future__ import annotations
 
 import json
@@ -57,6 +58,20 @@ with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
 @pytest.mark.parametrize("np_ranks", [2, 3])
 def test_large_tensors_leave_the_fusion_buffer_with_the_same_results(np_ranks: int,
                                                                       tmp_path: Path) -> None:
-    run_mpi(np_ranks, SCRIPT, tmp_path, timeout=180, args=[str(tmp_path)])
+    run_mpi(np_ranks, SCRIPT, tmp_path, timeout=180, args=[str(tmp_path)],
+            env={"DLCOMM_TIMELINE": str(tmp_path / "timeline{rank}.json")})
     for rank in range(np_ranks):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == []
+        # Each request's first "communicate" span, in the order they started on this rank.
+        trace = json.loads((tmp_path / f"timeline{rank}.json").read_text())
+        events = trace["traceEvents"] if isinstance(trace, dict) else trace
+        rows = {e["tid"]: e["args"]["name"] for e in events  # a row per request
+                if e.get("ph") == "M" and e.get("name") == "thread_name"}
+        started: dict[str, float] = {}
+        for e in events:
+            if e.get("name") == "communicate" and e.get("ph") in ("B", "X"):
+                started.setdefault(rows[e["tid"]], e["ts"])
+        for op in ("sum", "average"):
+            big, smalls = f"big+2 small.{op}.0", [f"big+2 small.{op}.{i}" for i in (1, 2)]
+            assert all(started[s] < started[big] for s in smalls), (rank, op, started)
+            assert started["big+1 small.%s.0" % op] < started["big+1 small.%s.1" % op]

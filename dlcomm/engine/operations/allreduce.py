@@ -45,6 +45,7 @@ class DenseAllreduce(Operation):
         pre: list[float] = []
         post: list[float] = []
         owners: list[tuple[Request | None, int]] = []  # (request, number of its tensors)
+        tensor_names: list[str] = []  # the request of each tensor
         for resp, req in items:
             rsig = resp.reference
             divisor = len(resp.members) if op is ReduceOp.AVERAGE else 1
@@ -58,6 +59,7 @@ class DenseAllreduce(Operation):
             pre += [rsig.prescale] * len(arrays)
             post += [rsig.postscale / divisor] * len(arrays)
             owners.append((req, len(arrays)))
+            tensor_names += [resp.name] * len(arrays)
         names = [resp.name for resp, _ in items]
         try:
             if len(inputs) == 1:
@@ -69,7 +71,7 @@ class DenseAllreduce(Operation):
             else:
                 outputs = [array_namespace(x).empty_like(x) if o is None else o
                            for x, o in zip(inputs, outputs)]
-                self._fused(comm, inputs, outputs, pre, post, wire_op, names, dtype)
+                self._fused(comm, inputs, outputs, pre, post, wire_op, tensor_names, dtype)
         except PeerLostError:  # the job is broken: the engine stops and closes the mesh
             raise
         except Exception as exc:
@@ -107,21 +109,32 @@ class DenseAllreduce(Operation):
 
     def _fused(self, comm: Any, inputs: list[Any], outputs: list[Any], pre: list[float],
                post: list[float], op: ReduceOp, names: list[str], dtype: np.dtype) -> None:
-        """Several tensors with outputs: each large one reduced straight into its output
-        (packing it would copy it twice to save one start-up cost), the rest packed,
-        reduced in place and unpacked. Every rank splits alike (the sizes are negotiated);
-        ``auto``'s rank-order bits do not depend on the split."""
+        """Several tensors with outputs (``names``: each tensor's request): each large one
+        reduced straight into its output (packing it would copy it twice to save one
+        start-up cost), the rest packed, reduced in place and unpacked. Every rank splits
+        alike (the sizes are negotiated); ``auto``'s rank-order bits do not depend on the
+        split. The small ones go first: after a large all-reduce the ranks finish at
+        slightly different times, and a small one there would make every rank wait for the
+        last again (a bias after its weight, at the end of every backward pass)."""
         alone = [i for i, x in enumerate(inputs) if x.nbytes >= SOLO_TENSOR_BYTES]
         if alone:
             rest = [i for i, x in enumerate(inputs) if x.nbytes < SOLO_TENSOR_BYTES]
             if len(rest) == 1:  # nothing to pack it with
-                alone, rest = alone + rest, []
-            for i in alone:
-                self._single(comm, inputs[i], outputs[i], pre[i], post[i], op, names[0])
-            if not rest:
-                return
-            inputs, outputs = [inputs[i] for i in rest], [outputs[i] for i in rest]
-            pre, post = [pre[i] for i in rest], [post[i] for i in rest]
+                first = rest
+            else:
+                first = []
+                if rest:
+                    self._packed(comm, [inputs[i] for i in rest], [outputs[i] for i in rest],
+                                 [pre[i] for i in rest], [post[i] for i in rest], op,
+                                 list(dict.fromkeys(names[i] for i in rest)), dtype)
+            for i in first + alone:
+                self._single(comm, inputs[i], outputs[i], pre[i], post[i], op, names[i])
+            return
+        self._packed(comm, inputs, outputs, pre, post, op, list(dict.fromkeys(names)), dtype)
+
+    def _packed(self, comm: Any, inputs: list[Any], outputs: list[Any], pre: list[float],
+                post: list[float], op: ReduceOp, names: list[str], dtype: np.dtype) -> None:
+        """Pack ``inputs`` into the fusion buffer, all-reduce it in place, unpack."""
         timeline, rows = self.state.timeline, self._names(names)
         total = sum(a.size for a in inputs)
         with timeline.phase(rows, "fuse", {"tensors": len(inputs),
