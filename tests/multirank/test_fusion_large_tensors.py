@@ -74,4 +74,4 @@ def test_large_tensors_leave_the_fusion_buffer_with_the_same_results(np_ranks: i
         for op in ("sum", "average"):
             big, smalls = f"big+2 small.{op}.0", [f"big+2 small.{op}.{i}" for i in (1, 2)]
             assert all(started[s] < started[big] for s in smalls), (rank, op, started)
-            assert started["big+1 small.%s.0" % op] < started["big+1 small.%s.1" % op]
+            assert started[f"big+1 small.{op}.0"] < started[f"big+1 small.{op}.1"]
