@@ -87,8 +87,8 @@ class ErrorFeedback(CompressorWrapper):
         if fused is not None:
             payloads, ctx = fused
             ctx.data[_MOMENTUM] = momentum
-            if momentum:
-                self.velocities[name] = self._unsent_velocity(tensor, payloads, ctx, None)
+            if momentum:  # masking as TopK.unsent does, in place: the velocity is ours
+                tensor.reshape(-1)[payloads[1]] = 0
             return payloads, ctx
         acc = tensor.copy() if residual is None else tensor + residual
         payloads, ctx = self.inner.compress(acc, name)
@@ -156,7 +156,11 @@ class ErrorFeedback(CompressorWrapper):
         self.results[ctx.name] = result.copy()
         if previous is None or previous.shape != result.shape:
             return result
-        return result - previous * previous.dtype.type(momentum)
+        # In place in the old result, which is no longer kept: -(p m) + r has the bits of
+        # r - p m (negation is exact), without two temporaries of the tensor's size.
+        previous *= previous.dtype.type(-momentum)
+        previous += result
+        return previous
 
     def decompress(self, payloads: list, ctx: Context) -> object:
         out = self.inner.decompress(payloads, ctx)

@@ -167,3 +167,32 @@ def test_set_momentum_validates_and_plain_compressors_ignore_it():
     assert isinstance(ef, ErrorFeedback) and ef.momentum == 0.5
     ef.reset_state()
     assert not ef.velocities and not ef.results
+
+
+@pytest.mark.skipif(not __import__("dlcomm.kernels").kernels.available(),
+                    reason="the native kernels are not built")
+def test_native_approx_topk_with_momentum_equals_the_reference_path(monkeypatch):
+    """The fused native selection (approx top-k, float32, large enough for the threshold
+    search) masks the velocity in place and steps the optimizer's momentum in place: the
+    payloads, residuals, velocities and corrected results equal the numpy path's bit for
+    bit, step after step."""
+    from dlcomm import kernels
+
+    n, steps = 300_007, 4
+    native, reference = (make("topk:ratio=0.01,approx=1") for _ in range(2))
+    for step in range(steps):
+        g = np.random.default_rng([step, 7]).standard_normal(n).astype(np.float32)
+        p_native, ctx_native = native.compress(g.copy(), "w")
+        with monkeypatch.context() as patch:
+            patch.setattr(kernels, "available", lambda: False)
+            p_ref, ctx_ref = reference.compress(g.copy(), "w")
+        for a, b in zip(p_native, p_ref):
+            assert np.array_equal(a, b), step
+        assert np.array_equal(native.residual("w"), reference.residual("w")), step
+        assert np.array_equal(native.velocity("w"), reference.velocity("w")), step
+        # the velocity is masked: zero wherever this step sent
+        assert not native.velocity("w")[p_native[1]].any()
+        other = (p_ref[0] * np.float32(0.5), p_ref[1])  # a second rank's payload
+        out_native = native.decompress_all([p_native, other], ctx_native)
+        out_ref = reference.decompress_all([p_ref, other], ctx_ref)
+        assert np.array_equal(out_native, out_ref), step
