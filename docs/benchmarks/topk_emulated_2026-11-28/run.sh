@@ -20,3 +20,12 @@ dlcomm bench train --np 4 --emulate 4x1gbit --model mlp \
 DLCOMM_HIERARCHICAL_RANKS_PER_HOST=2 dlcomm bench train --np 4 --emulate 2x1gbit --slots-per-host 2 --model mlp \
   --configs "none;topk:ratio=0.01,approx=1;htopk:ratio=0.01,approx=1" --peers none --no-scaling \
   --repeats 3 --iters 3 --batches-per-iter 3 --warmup 3 --json $out/2x2_approx.json > $out/2x2_approx.log 2>&1
+# 2026-11-28 15:49-15:56 UTC, commit 13e39d9 (the mesh's 128 KiB send buffer, small tensors
+# first in a fusion group, momentum correction without full-size copies): the same two
+# comparisons again, each started at load below 1.
+dlcomm bench train --np 4 --emulate 4x1gbit --model mlp \
+  --configs "none;topk:ratio=0.01,approx=1" --peers none --no-scaling \
+  --repeats 3 --iters 3 --batches-per-iter 3 --warmup 3 --json $out/4x1_approx_afternoon.json > $out/4x1_approx_afternoon.log 2>&1
+DLCOMM_HIERARCHICAL_RANKS_PER_HOST=2 dlcomm bench train --np 4 --emulate 2x1gbit --slots-per-host 2 --model mlp \
+  --configs "none;topk:ratio=0.01,approx=1;htopk:ratio=0.01,approx=1" --peers none --no-scaling \
+  --repeats 3 --iters 3 --batches-per-iter 3 --warmup 3 --json $out/2x2_approx_afternoon.json > $out/2x2_approx_afternoon.log 2>&1
