@@ -1,6 +1,7 @@
 """Which all-reduces a fusion group turns into: tensors of ``SOLO_TENSOR_BYTES`` and more go
-alone, straight into their outputs; the rest are packed together (or go alone when only one
-is left). A recording communicator stands for two ranks holding the same data."""
+alone, straight into their outputs, after the rest, which are packed together (or go alone
+when only one is left). A recording communicator stands for two ranks holding the same
+data."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,8 @@ BIG = SOLO_TENSOR_BYTES // 4  # float32 elements
 
 
 @pytest.mark.parametrize("sizes, calls", [
-    ([BIG, 3, 1000], [BIG, 1003]),          # the big one alone, the two small ones packed
-    ([7, BIG + 1], [BIG + 1, 7]),           # one small one left: it goes alone too
+    ([BIG, 3, 1000], [1003, BIG]),          # the two small ones packed, then the big one alone
+    ([7, BIG + 1], [7, BIG + 1]),           # one small one left: it goes alone too, first
     ([BIG, BIG + 5], [BIG, BIG + 5]),       # nothing left to pack
     ([5, 6, 7], [18]),                      # all small: one packed all-reduce
     ([BIG - 1, 2], [BIG + 1]),              # just under the size: packed
@@ -44,7 +45,7 @@ def test_large_tensors_go_alone_and_the_rest_is_packed(sizes: list[int],
     pre = [0.5] * len(sizes)
     post = [3.0] * len(sizes)
     DenseAllreduce(state)._fused(comm, outputs, outputs, pre, post, ReduceOp.SUM,
-                                 ["group"], np.dtype(np.float32))
+                                 ["group"] * len(sizes), np.dtype(np.float32))
     assert comm.calls == calls
     for x, out in zip(inputs, outputs):
         np.testing.assert_allclose(out, x * np.float32(0.5) * 2 * 3, rtol=1e-6)
