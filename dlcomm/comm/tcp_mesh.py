@@ -366,8 +366,7 @@ class TcpMesh:
         touching its arrays."""
         sends = [(p, a) for p, a in sends if a.nbytes]
         recvs = [(p, a) for p, a in recvs if a.nbytes]
-        with self._pending.lock:
-            self._pending.count += len(sends) + len(recvs)
+        self._pending.add(len(sends) + len(recvs))
         jobs = [(self._senders[p], functools.partial(_send_all, self._conns[p],
                                                      _bytes_view(a), p))
                 for p, a in sends]

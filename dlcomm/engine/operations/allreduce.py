@@ -117,20 +117,15 @@ class DenseAllreduce(Operation):
         slightly different times, and a small one there would make every rank wait for the
         last again (a bias after its weight, at the end of every backward pass)."""
         alone = [i for i, x in enumerate(inputs) if x.nbytes >= SOLO_TENSOR_BYTES]
-        if alone:
-            rest = [i for i, x in enumerate(inputs) if x.nbytes < SOLO_TENSOR_BYTES]
-            if len(rest) == 1:  # nothing to pack it with
-                first = rest
-            else:
-                first = []
-                if rest:
-                    self._packed(comm, [inputs[i] for i in rest], [outputs[i] for i in rest],
-                                 [pre[i] for i in rest], [post[i] for i in rest], op,
-                                 list(dict.fromkeys(names[i] for i in rest)), dtype)
-            for i in first + alone:
-                self._single(comm, inputs[i], outputs[i], pre[i], post[i], op, names[i])
-            return
-        self._packed(comm, inputs, outputs, pre, post, op, list(dict.fromkeys(names)), dtype)
+        rest = [i for i, x in enumerate(inputs) if x.nbytes < SOLO_TENSOR_BYTES]
+        if alone and len(rest) == 1:  # nothing to pack it with
+            alone, rest = rest + alone, []
+        if rest:
+            self._packed(comm, [inputs[i] for i in rest], [outputs[i] for i in rest],
+                         [pre[i] for i in rest], [post[i] for i in rest], op,
+                         list(dict.fromkeys(names[i] for i in rest)), dtype)
+        for i in alone:
+            self._single(comm, inputs[i], outputs[i], pre[i], post[i], op, names[i])
 
     def _packed(self, comm: Any, inputs: list[Any], outputs: list[Any], pre: list[float],
                 post: list[float], op: ReduceOp, names: list[str], dtype: np.dtype) -> None:
