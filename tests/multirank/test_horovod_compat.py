@@ -5,6 +5,11 @@ some parameters got no gradient on some ranks, a reduce-scatter over every dtype
 run with DLCOMM_STALL_SHUTDOWN_SECONDS set, so a regression fails with an error naming the
 missing ranks long before the test's timeout. Also here: names that are unique per process
 set, a broadcast root named by its world rank, and fused variable-size all-gathers.
+
+The cases that leave no process state behind run in one job per rank count, in turn (one
+start-up of MPI and torch instead of one per case); each case catches its own error and every
+rank writes each case's result, or traceback, to a file of its own. The join cases, which are
+about process state, keep a job each.
 """
 import json
 
@@ -40,183 +45,170 @@ with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
     json.dump(seen, f)
 '''
 
-FORCE_ALLREDUCE_SCRIPT = r'''
-import json, sys
-import torch
-import torch.nn.functional as F
-import dlcomm.torch as hvd
-
-hvd.init()
-r, n = hvd.rank(), hvd.size()
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = (torch.nn.Linear(12, 6), torch.nn.Linear(6, 4),
-                                        torch.nn.Linear(4, 4))
-
-    def forward(self, x):
-        x1 = self.fc2(F.relu(self.fc1(x)))
-        return x1, self.fc3(F.relu(x1))
-
-
-kinds = sorted((c.__name__, c) for c in torch.optim.Optimizer.__subclasses__()
-               if c.__module__.startswith("torch.optim")
-               and c.__name__ not in ("LBFGS", "SparseAdam", "Muon"))
-stepped = []
-for name, cls in kinds:
-    torch.manual_seed(0)
-    model = Net()
-    opt = hvd.DistributedOptimizer(cls(model.parameters(), lr=0.01),
-                                   named_parameters=model.named_parameters())
-    x = torch.randn(8, 12, generator=torch.Generator().manual_seed(r))
-    y1, y2 = model(x)
-    # rank 0's loss never reaches fc3: its gradients are still all-reduced (as zeros)
-    loss = y1.pow(2).sum() if r == 0 else y2.pow(2).sum()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    everyone = hvd.allgather(flat[None])
-    assert all(torch.equal(everyone[0], e) for e in everyone), name
-    stepped.append(name)
-with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
-    json.dump(stepped, f)
-'''
-
-REDUCESCATTER_SCRIPT = r'''
-import itertools, json, sys
-import torch
-import dlcomm.torch as hvd
-
-hvd.init()
-r, n = hvd.rank(), hvd.size()
-checked = 0
-for dtype, dim, rows in itertools.product(
-        [torch.int32, torch.int64, torch.float32, torch.float64, torch.float16], [1, 2, 3],
-        [n * 4, n + 1, max(n - 1, 1)]):  # divisible, uneven, fewer rows than ranks
-    torch.manual_seed(1234)
-    x = torch.randint(-100, 100, [rows] + [5] * (dim - 1)).to(dtype)
-    out = hvd.reducescatter(x, op=hvd.Sum)
-    base, extra = divmod(rows, n)
-    start = r * base + min(r, extra)
-    mine = base + (1 if r < extra else 0)
-    expected = x[start:start + mine].double() * n
-    assert list(out.shape) == [mine] + [5] * (dim - 1), (dtype, dim, rows, out.shape)
-    assert out.dtype == dtype and torch.equal(out.double(), expected), (dtype, dim, rows)
-    grouped = hvd.grouped_reducescatter([x, x], op=hvd.Average)
-    assert all(torch.allclose(g.double(), expected / n, atol=0.5) for g in grouped)
-    checked += 1
-with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
-    json.dump(checked, f)
-'''
-
-PROCESS_SET_SCRIPT = r'''
-import json, sys
+CASES_SCRIPT = r'''
+import itertools, json, random, sys, traceback
 import numpy as np
 import dlcomm as hvd
+try:  # the torch cases' tests are skipped without torch; the others run
+    import torch
+    import torch.nn.functional as F
+    import dlcomm.torch as thvd
+except ImportError:
+    torch = None
 
+cases, out = sys.argv[1].split(","), sys.argv[2]
 hvd.init()
 r, n = hvd.rank(), hvd.size()
-evens = hvd.add_process_set([k for k in range(n) if k % 2 == 0])
-odds = hvd.add_process_set([k for k in range(n) if k % 2 == 1])
-mine, members = (evens, evens.ranks) if r % 2 == 0 else (odds, odds.ranks)
-# the same name in two sets is two requests; unnamed calls are numbered per set
-for step in range(3):
-    s = hvd.allreduce(np.array([float(r)]), name="loss", op=hvd.Sum, process_set=mine)
-    assert s[0] == sum(members), (step, s)
-    if r % 2 == 0:  # only the evens make an extra unnamed call...
-        hvd.allreduce(np.array([1.0]), process_set=mine)
-    # ...which must not shift the names of the world's unnamed calls
-    w = hvd.allreduce(np.array([float(r)]), op=hvd.Sum)
-    assert w[0] == sum(range(n)), (step, w)
-# a broadcast root is a world rank, as in Horovod
-root = members[-1]
-b = hvd.broadcast(np.array([r, r]), root, process_set=mine)
-assert b.tolist() == [root, root], b
-obj = hvd.broadcast_object({"from": r}, root, process_set=mine)
-assert obj == {"from": root}, obj
-other = odds if mine is evens else evens
-if other.ranks:
-    try:
-        hvd.broadcast(np.array([r]), other.ranks[0], process_set=mine)
-        raise AssertionError("a root outside the process set was accepted")
-    except ValueError as exc:
-        assert "not a member" in str(exc), exc
-with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
-    json.dump("ok", f)
-'''
-
-ALLGATHER_SCRIPT = r'''
-import itertools, json, random, sys
-import numpy as np
-import dlcomm as hvd
-
-hvd.init()
-r, n = hvd.rank(), hvd.size()
-DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64, np.float16,
-          np.float32, np.float64, np.bool_]
-SIZES = [17, 32, 0, 12, 3, 23, 22][:n]  # first dimensions differ; one rank has no rows
 
 
-def tensor(dtype, dim):
-    value = r % 2 if dtype == np.bool_ else r
-    return np.full([SIZES[r]] + [17] * (dim - 1), value).astype(dtype)
+def no_gradient():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = (torch.nn.Linear(12, 6), torch.nn.Linear(6, 4),
+                                            torch.nn.Linear(4, 4))
+
+        def forward(self, x):
+            x1 = self.fc2(F.relu(self.fc1(x)))
+            return x1, self.fc3(F.relu(x1))
+
+    kinds = sorted((c.__name__, c) for c in torch.optim.Optimizer.__subclasses__()
+                   if c.__module__.startswith("torch.optim")
+                   and c.__name__ not in ("LBFGS", "SparseAdam", "Muon"))
+    stepped = []
+    for name, cls in kinds:
+        torch.manual_seed(0)
+        model = Net()
+        opt = thvd.DistributedOptimizer(cls(model.parameters(), lr=0.01),
+                                        named_parameters=model.named_parameters())
+        x = torch.randn(8, 12, generator=torch.Generator().manual_seed(r))
+        y1, y2 = model(x)
+        # rank 0's loss never reaches fc3: its gradients are still all-reduced (as zeros)
+        loss = y1.pow(2).sum() if r == 0 else y2.pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        everyone = thvd.allgather(flat[None])
+        assert all(torch.equal(everyone[0], e) for e in everyone), name
+        stepped.append(name)
+    return stepped
 
 
-def check(out, dtype, dim):
-    assert out.shape == tuple([sum(SIZES)] + [17] * (dim - 1)) and out.dtype == dtype
-    start = 0
-    for k in range(n):
-        value = k % 2 if dtype == np.bool_ else k
-        assert (out[start:start + SIZES[k]] == value).all(), (dtype, dim, k)
-        start += SIZES[k]
+def reducescatter():
+    checked = 0
+    for dtype, dim, rows in itertools.product(
+            [torch.int32, torch.int64, torch.float32, torch.float64, torch.float16], [1, 2, 3],
+            [n * 4, n + 1, max(n - 1, 1)]):  # divisible, uneven, fewer rows than ranks
+        torch.manual_seed(1234)
+        x = torch.randint(-100, 100, [rows] + [5] * (dim - 1)).to(dtype)
+        out = thvd.reducescatter(x, op=thvd.Sum)
+        base, extra = divmod(rows, n)
+        start = r * base + min(r, extra)
+        mine = base + (1 if r < extra else 0)
+        expected = x[start:start + mine].double() * n
+        assert list(out.shape) == [mine] + [5] * (dim - 1), (dtype, dim, rows, out.shape)
+        assert out.dtype == dtype and torch.equal(out.double(), expected), (dtype, dim, rows)
+        grouped = thvd.grouped_reducescatter([x, x], op=thvd.Average)
+        assert all(torch.allclose(g.double(), expected / n, atol=0.5) for g in grouped)
+        checked += 1
+    return checked
 
 
-specs = list(itertools.product(DTYPES, [1, 2, 3]))
-for rep in range(3):  # repeated: the response cache serves the later rounds
-    # fused: every all-gather in flight at once, submitted in a different order per rank
-    order = list(range(len(specs)))
-    random.Random(1000 * rep + r).shuffle(order)
-    handles = {k: hvd.allgather_async(tensor(*specs[k]), name=f"fused.{k}") for k in order}
-    for k, (dtype, dim) in enumerate(specs):
-        check(hvd.synchronize(handles[k]), dtype, dim)
-    # unnamed, one after another, and grouped
-    for dtype, dim in specs:
-        check(hvd.allgather(tensor(dtype, dim)), dtype, dim)
-    outs = hvd.grouped_allgather([tensor(np.float32, 2), tensor(np.float32, 3)])
-    check(outs[0], np.float32, 2)
-    check(outs[1], np.float32, 3)
-with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
-    json.dump("ok", f)
-'''
+def process_set():
+    evens = hvd.add_process_set([k for k in range(n) if k % 2 == 0])
+    odds = hvd.add_process_set([k for k in range(n) if k % 2 == 1])
+    mine, members = (evens, evens.ranks) if r % 2 == 0 else (odds, odds.ranks)
+    # the same name in two sets is two requests; unnamed calls are numbered per set
+    for step in range(3):
+        s = hvd.allreduce(np.array([float(r)]), name="loss", op=hvd.Sum, process_set=mine)
+        assert s[0] == sum(members), (step, s)
+        if r % 2 == 0:  # only the evens make an extra unnamed call...
+            hvd.allreduce(np.array([1.0]), process_set=mine)
+        # ...which must not shift the names of the world's unnamed calls
+        w = hvd.allreduce(np.array([float(r)]), op=hvd.Sum)
+        assert w[0] == sum(range(n)), (step, w)
+    # a broadcast root is a world rank, as in Horovod
+    root = members[-1]
+    b = hvd.broadcast(np.array([r, r]), root, process_set=mine)
+    assert b.tolist() == [root, root], b
+    obj = hvd.broadcast_object({"from": r}, root, process_set=mine)
+    assert obj == {"from": root}, obj
+    other = odds if mine is evens else evens
+    if other.ranks:
+        try:
+            hvd.broadcast(np.array([r]), other.ranks[0], process_set=mine)
+            raise AssertionError("a root outside the process set was accepted")
+        except ValueError as exc:
+            assert "not a member" in str(exc), exc
+    return "ok"
 
 
-TIMELINE_SCRIPT = r'''
-import json, sys
-import numpy as np
-import dlcomm as hvd
+def allgather():
+    DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64, np.float16,
+              np.float32, np.float64, np.bool_]
+    SIZES = [17, 32, 0, 12, 3, 23, 22][:n]  # first dimensions differ; one rank has no rows
 
-hvd.init()
-r, n = hvd.rank(), hvd.size()
-out = sys.argv[1]
-for k, mark in enumerate([True, False, True]):
-    hvd.start_timeline(f"{out}/tl{k}.{{rank}}.json", mark_cycles=mark)
-    hvd.allreduce(np.ones(3), name="test_allreduce")
+    def tensor(dtype, dim):
+        value = r % 2 if dtype == np.bool_ else r
+        return np.full([SIZES[r]] + [17] * (dim - 1), value).astype(dtype)
+
+    def check(out, dtype, dim):
+        assert out.shape == tuple([sum(SIZES)] + [17] * (dim - 1)) and out.dtype == dtype
+        start = 0
+        for k in range(n):
+            value = k % 2 if dtype == np.bool_ else k
+            assert (out[start:start + SIZES[k]] == value).all(), (dtype, dim, k)
+            start += SIZES[k]
+
+    specs = list(itertools.product(DTYPES, [1, 2, 3]))
+    for rep in range(3):  # repeated: the response cache serves the later rounds
+        # fused: every all-gather in flight at once, submitted in a different order per rank
+        order = list(range(len(specs)))
+        random.Random(1000 * rep + r).shuffle(order)
+        handles = {k: hvd.allgather_async(tensor(*specs[k]), name=f"fused.{k}") for k in order}
+        for k, (dtype, dim) in enumerate(specs):
+            check(hvd.synchronize(handles[k]), dtype, dim)
+        # unnamed, one after another, and grouped
+        for dtype, dim in specs:
+            check(hvd.allgather(tensor(dtype, dim)), dtype, dim)
+        outs = hvd.grouped_allgather([tensor(np.float32, 2), tensor(np.float32, 3)])
+        check(outs[0], np.float32, 2)
+        check(outs[1], np.float32, 3)
+    return "ok"
+
+
+def timeline():
+    for k, mark in enumerate([True, False, True]):
+        hvd.start_timeline(f"{out}/tl{k}.{{rank}}.json", mark_cycles=mark)
+        hvd.allreduce(np.ones(3), name="test_allreduce")
+        hvd.stop_timeline()
+        hvd.allreduce(np.ones(3), name="after_stop")  # not recorded
+        events = json.load(open(f"{out}/tl{k}.{r}.json"))
+        rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+        assert "test_allreduce" in rows and "after_stop" not in rows, rows
+        assert any(e.get("name") == "communicate" for e in events)
+        assert any(e.get("name") == "CYCLE_START" for e in events) == mark, k
+    hvd.start_timeline(f"{out}/only_rank0.json")  # without '{rank}': rank 0 writes
+    hvd.allreduce(np.ones(3), name="one_file")
     hvd.stop_timeline()
-    hvd.allreduce(np.ones(3), name="after_stop")  # not recorded
-    events = json.load(open(f"{out}/tl{k}.{r}.json"))
-    rows = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    assert "test_allreduce" in rows and "after_stop" not in rows, rows
-    assert any(e.get("name") == "communicate" for e in events)
-    assert any(e.get("name") == "CYCLE_START" for e in events) == mark, k
-hvd.start_timeline(f"{out}/only_rank0.json")  # without '{rank}': rank 0 writes
-hvd.allreduce(np.ones(3), name="one_file")
-hvd.stop_timeline()
-with open(f"{out}/rank{r}.json", "w") as f:
-    json.dump("ok", f)
+    return "ok"
+
+
+for case in cases:
+    try:
+        result = {"result": globals()[case](), "error": None}
+    except Exception:  # recorded for this case's test; the next cases still run
+        result = {"result": None, "error": traceback.format_exc()}
+    with open(f"{out}/{case}.rank{r}.json", "w") as f:
+        json.dump(result, f)
 '''
+
+# the cases of CASES_SCRIPT each rank count runs, in this order (the timeline, which starts
+# and stops a global recorder, last)
+CASES_BY_RANKS = {2: ["no_gradient", "reducescatter", "process_set", "allgather", "timeline"],
+                  3: ["no_gradient", "reducescatter", "process_set", "allgather"],
+                  4: ["reducescatter", "process_set"], 5: ["reducescatter", "allgather"]}
 
 
 UNNAMED_AFTER_JOIN_SCRIPT = r'''
@@ -254,6 +246,37 @@ def _run(np_, script, tmp_path, timeout=240):
     return [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(np_)]
 
 
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    """``cases(np_, case)``: every rank's result of ``case`` from the one job of ``np_`` ranks
+    (started on first use); fails naming the case, rank and traceback of an error."""
+    jobs = {}
+
+    def results(np_, case):
+        assert case in CASES_BY_RANKS[np_], (np_, case)
+        if np_ not in jobs:
+            out = tmp_path_factory.mktemp(f"compat{np_}")
+            try:
+                run_mpi(np_, CASES_SCRIPT, out, timeout=420, env=STALL,
+                        args=[",".join(CASES_BY_RANKS[np_]), str(out)])
+                jobs[np_] = out
+            except pytest.fail.Exception as exc:  # the job itself failed: every case says so
+                jobs[np_] = str(exc)
+        if isinstance(jobs[np_], str):
+            pytest.fail(f"{case} on {np_} ranks: the job of {CASES_BY_RANKS[np_]} failed\n"
+                        + jobs[np_])
+        found = []
+        for k in range(np_):
+            path = jobs[np_] / f"{case}.rank{k}.json"
+            assert path.exists(), f"{case} on {np_} ranks: rank {k} wrote no result"
+            res = json.loads(path.read_text())
+            assert res["error"] is None, f"{case} on {np_} ranks, rank {k}:\n{res['error']}"
+            found.append(res["result"])
+        return found, jobs[np_]
+
+    return results
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_broadcast_whose_root_joined_raises_on_every_other_rank(np_, tmp_path):
     pytest.importorskip("torch")
@@ -263,31 +286,32 @@ def test_broadcast_whose_root_joined_raises_on_every_other_rank(np_, tmp_path):
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_step_completes_when_some_ranks_produce_no_gradient(np_, tmp_path):
+def test_step_completes_when_some_ranks_produce_no_gradient(np_, cases):
     pytest.importorskip("torch")
-    results = _run(np_, FORCE_ALLREDUCE_SCRIPT, tmp_path, timeout=300)
+    results, _ = cases(np_, "no_gradient")
     assert all(res == results[0] for res in results) and "SGD" in results[0], results
 
 
 @pytest.mark.parametrize("np_", [2, 3, 4, 5])
-def test_reducescatter_of_every_dtype_and_uneven_rows(np_, tmp_path):
+def test_reducescatter_of_every_dtype_and_uneven_rows(np_, cases):
     pytest.importorskip("torch")
-    assert _run(np_, REDUCESCATTER_SCRIPT, tmp_path, timeout=300) == [45] * np_
+    assert cases(np_, "reducescatter")[0] == [45] * np_
 
 
 @pytest.mark.parametrize("np_", [2, 3, 4])
-def test_names_are_per_process_set_and_roots_are_world_ranks(np_, tmp_path):
-    assert _run(np_, PROCESS_SET_SCRIPT, tmp_path) == ["ok"] * np_
+def test_names_are_per_process_set_and_roots_are_world_ranks(np_, cases):
+    assert cases(np_, "process_set")[0] == ["ok"] * np_
 
 
 @pytest.mark.parametrize("np_", [2, 3, 5])
-def test_fused_variable_size_allgathers_of_every_dtype(np_, tmp_path):
-    assert _run(np_, ALLGATHER_SCRIPT, tmp_path, timeout=300) == ["ok"] * np_
+def test_fused_variable_size_allgathers_of_every_dtype(np_, cases):
+    assert cases(np_, "allgather")[0] == ["ok"] * np_
 
 
-def test_start_and_stop_timeline_while_running(tmp_path):
-    assert _run(2, TIMELINE_SCRIPT, tmp_path) == ["ok"] * 2
-    json.loads((tmp_path / "only_rank0.json").read_text())
+def test_start_and_stop_timeline_while_running(cases):
+    results, out = cases(2, "timeline")
+    assert results == ["ok"] * 2
+    json.loads((out / "only_rank0.json").read_text())
 
 
 @pytest.mark.parametrize("np_", [3, 4])
