@@ -1,6 +1,6 @@
 """``dlcomm bench train`` against torch DDP: which hook is whose peer, rounds that alternate
 the frameworks, the ratio arithmetic, the loss check, and a tiny real run on 2 ranks (DDP
-over gloo and dlcomm, each its own dlcommrun job). No time is asserted."""
+over gloo and dlcomm, each its own dlcommrun job, one round). No time is asserted."""
 from __future__ import annotations
 
 import json
@@ -126,27 +126,27 @@ def test_without_scaling_no_one_rank_jobs_run(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_tiny_real_run_against_ddp(tmp_path: Path) -> None:
-    """2 ranks, DDP (gloo) and dlcomm on the tiny model, two alternating rounds: both finish,
-    the JSON holds both frameworks' figures, the ratios are those figures' ratios, and dense
-    training reached the same loss through both."""
+    """2 ranks, DDP (gloo) and dlcomm on the tiny model, one round (the alternation of rounds
+    and the medians over them are test_rounds_alternate_frameworks_and_ratios_are_of_medians'
+    business; each job is a fresh start of torch on every rank): both finish, the JSON holds
+    both frameworks' figures, the ratios are those figures' ratios, and dense training
+    reached the same loss through both."""
     out = tmp_path / "train.json"
     cmd = [sys.executable, "-m", "dlcomm.cli.main", "bench", "train", "--np", "2", "--model",
            "tiny", "--configs", "none", "--iters", "1", "--batches-per-iter", "2",
-           "--warmup", "1", "--repeats", "2", "--no-scaling", "--json", str(out)]
+           "--warmup", "1", "--repeats", "1", "--no-scaling", "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = json.loads(out.read_text())
     ddp = row["peers"]["ddp"]
-    assert row["ranks"] == 2 and row["steps"] == 3 and len(row["rounds"]) == 2
-    assert len(ddp["rounds"]) == 2
-    median_ours = sum(row["rounds"]) / 2
-    median_peer = sum(ddp["rounds"]) / 2
-    assert row["total_samples_per_s"] == pytest.approx(median_ours)
-    assert ddp["total_samples_per_s"] == pytest.approx(median_peer)
-    assert ddp["dlcomm_over_peer"] == pytest.approx(median_ours / median_peer)
-    paired = sorted(a / b for a, b in zip(row["rounds"], ddp["rounds"]))
-    assert ddp["dlcomm_over_peer_paired"] == pytest.approx(sum(paired) / 2)
+    assert row["ranks"] == 2 and row["steps"] == 3
+    (ours,), (peer,) = row["rounds"], ddp["rounds"]
+    assert ours > 0 and peer > 0
+    assert row["total_samples_per_s"] == pytest.approx(ours)
+    assert ddp["total_samples_per_s"] == pytest.approx(peer)
+    assert ddp["dlcomm_over_peer"] == pytest.approx(ours / peer)
+    assert ddp["dlcomm_over_peer_paired"] == pytest.approx(ours / peer)
     assert ddp["same_loss"] is True
     assert row["final_loss"] == pytest.approx(ddp["final_loss"], rel=1e-4)
-    assert "dlcomm / DDP speed" in proc.stdout and "ddp round 2/2" in proc.stdout
+    assert "dlcomm / DDP speed" in proc.stdout and "ddp round 1/1" in proc.stdout
