@@ -1,10 +1,15 @@
 """dlcomm.torch.kfac on real ranks: factors against dense references built from every rank's
 inputs, preconditioned gradients against an explicit (G (x) A + damping)^-1 solve, identical
 parameters on every rank for every strategy (2, 3 and 4 ranks, layer counts that do not
-divide among the ranks, more ranks than layers), checkpoint round trip, argument errors."""
+divide among the ranks, more ranks than layers), checkpoint round trip, argument errors.
+
+The one-rank checks and the many-step run share one job, and so do the two-rank checks and
+the many-step run (one start-up of MPI and torch per rank count instead of one per test); each
+case catches its own error and every rank writes its status to a file of its own."""
 from __future__ import annotations
 
 import json
+import textwrap
 
 import numpy as np
 import pytest
@@ -280,6 +285,59 @@ open(sys.argv[1] + "/errors.json", "w").write(json.dumps(errors))
 '''
 
 
+STEP_COUNT = 14  # steps of the many-step run
+
+
+def _case(name: str, script: str) -> str:
+    """A script's part after COMMON as a function of the merged job."""
+    assert script.startswith(COMMON)
+    return f"def case_{name}():\n" + textwrap.indent(script[len(COMMON):], "    ") + "\n"
+
+
+JOB = COMMON + "import traceback\n" + _case("single", SINGLE) + _case("steps", STEPS) + \
+    _case("multi", MULTI) + r"""
+for case in sys.argv[3].split(","):
+    try:
+        globals()["case_" + case]()
+        error = None
+    except Exception:  # recorded for this case's test; the next cases still run
+        error = traceback.format_exc()
+    (out / f"status.{case}.rank{rank}.json").write_text(json.dumps({"error": error}))
+"""
+
+# the cases each rank count's job runs, in this order (multi ends with an error check)
+CASES_BY_RANKS = {1: ["single", "steps"], 2: ["steps", "multi"], 3: ["multi"], 4: ["multi"]}
+
+
+@pytest.fixture(scope="module")
+def kfac_job(tmp_path_factory):
+    """``kfac_job(np_, case)``: the folder of the one job of ``np_`` ranks (started on first
+    use) once every rank reported ``case`` done; fails naming the case, rank and traceback."""
+    jobs: dict = {}
+
+    def folder(np_, case):
+        assert case in CASES_BY_RANKS[np_], (np_, case)
+        if np_ not in jobs:
+            out = tmp_path_factory.mktemp(f"kfac{np_}")
+            try:
+                run_mpi(np_, JOB, out, timeout=600,
+                        args=[str(out), str(STEP_COUNT), ",".join(CASES_BY_RANKS[np_])])
+                jobs[np_] = out
+            except pytest.fail.Exception as exc:  # the job itself failed: every case says so
+                jobs[np_] = str(exc)
+        if isinstance(jobs[np_], str):
+            pytest.fail(f"{case} on {np_} ranks: the job of {CASES_BY_RANKS[np_]} failed\n"
+                        + jobs[np_])
+        for r in range(np_):
+            path = jobs[np_] / f"status.{case}.rank{r}.json"
+            assert path.exists(), f"{case} on {np_} ranks: rank {r} wrote no status"
+            error = json.loads(path.read_text())["error"]
+            assert error is None, f"{case} on {np_} ranks, rank {r}:\n{error}"
+        return jobs[np_]
+
+    return folder
+
+
 def dense(rows: np.ndarray, bias: bool) -> np.ndarray:
     rows = rows.astype(np.float64)
     if bias:
@@ -306,8 +364,8 @@ def reference_factors(name: str, x: np.ndarray, g: np.ndarray) -> tuple[np.ndarr
 
 
 def test_single_rank_factors_and_preconditioned_gradients_against_dense_references(
-        tmp_path) -> None:
-    run_mpi(1, SINGLE, tmp_path, args=[str(tmp_path)], timeout=240)
+        kfac_job) -> None:
+    tmp_path = kfac_job(1, "single")
     res = json.loads((tmp_path / "single.json").read_text())
     for method in ("eigen", "inverse"):
         for name in ("conv1", "fc1", "head"):
@@ -344,8 +402,8 @@ def test_single_rank_factors_and_preconditioned_gradients_against_dense_referenc
 
 
 @pytest.mark.parametrize("np_", [2, 3, 4])
-def test_every_rank_ends_with_the_same_parameters_and_averaged_factors(tmp_path, np_) -> None:
-    run_mpi(np_, MULTI, tmp_path, args=[str(tmp_path)], timeout=600)
+def test_every_rank_ends_with_the_same_parameters_and_averaged_factors(kfac_job, np_) -> None:
+    tmp_path = kfac_job(np_, "multi")
     reports = [json.loads((tmp_path / f"report.rank{r}.json").read_text()) for r in range(np_)]
     keys = sorted(reports[0]["owners"])
     assert len(keys) == (8 if np_ % 2 == 0 else 6)
@@ -446,13 +504,13 @@ def reference_kfac(batches: list[list[tuple[np.ndarray, np.ndarray]]],
 
 
 @pytest.mark.parametrize("np_", [1, 2])
-def test_many_steps_match_a_float64_reference_of_kfac_pytorchs_algorithm(tmp_path, np_) -> None:
+def test_many_steps_match_a_float64_reference_of_kfac_pytorchs_algorithm(kfac_job, np_) -> None:
     """Preconditioned gradients of every step (factor decay, the identity start, factor and
     inverse update schedules, KL clip) against a float64 reference fed the same recorded
     inputs and averaged gradients: a schedule or running-average slip shows after the first
     inverse update, which one-step checks never reach."""
-    steps = 14
-    run_mpi(np_, STEPS, tmp_path, args=[str(tmp_path), str(steps)], timeout=300)
+    steps = STEP_COUNT
+    tmp_path = kfac_job(np_, "steps")
     layers = ("conv1", "conv2", "fc1", "fc2", "head")
     for case, (fus, ius) in {"every": (1, 3), "sparse": (2, 4)}.items():
         records = [np.load(tmp_path / f"steps.{case}.rank{r}.npz") for r in range(np_)]
