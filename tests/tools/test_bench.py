@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mpi_run import run_mpi
+from mpi_run import format_outputs, run_mpi
 
 from dlcomm.cli import main as cli
 from dlcomm.tools.bench import peers, report, table, units
@@ -227,93 +227,6 @@ def test_corun_validates_and_times_alone_against_together(tmp_path: Path,
         assert row["alone"]["wall_s"] > 0 and row["together"]["wall_s"] > 0
 
 
-ROUNDTRIP_SCRIPT = """
-import sys
-from dlcomm.cli import main as cli
-sys.exit(cli.main(["bench", "roundtrip", *sys.argv[1:]]))
-"""
-
-
-def test_roundtrip_bench_times_idle_and_computing_ranks(tmp_path: Path) -> None:
-    out = tmp_path / "roundtrip.json"
-    proc = run_mpi(2, ROUNDTRIP_SCRIPT, tmp_path, timeout=120,
-                   args=["--kernel", "matmul", "--size", "64", "--bytes", "4000", "-n", "3",
-                         "--rounds", "2", "--json", str(out)])
-    rows = json.loads(out.read_text())
-    assert [r["round"] for r in rows] == [1, 2]
-    for r in rows:
-        for state in ("idle", "busy"):
-            assert 0 < r[state]["p10_ms"] <= r[state]["p50_ms"] <= r[state]["p90_ms"]
-        assert r["ratio"] == pytest.approx(r["busy"]["p50_ms"] / r["idle"]["p50_ms"])
-    table = proc.rank_stdout[0]  # rank 0 prints the table
-    assert "| median |" in table and "4000 bytes, 2 ranks" in table, proc.report()
-
-
-ROUNDTRIP_FAILURE_SCRIPT = """
-from mpi4py import MPI
-from dlcomm.tools.bench.roundtrip import measure
-
-comm = MPI.COMM_WORLD
-def block():
-    if comm.rank == 1:
-        raise MemoryError("out of memory in the compute block")
-try:
-    measure(comm, block, 64, 2, 1, pause=0.0, settle=0.01)
-except RuntimeError as exc:
-    print(f"rank {comm.rank}: {exc}", flush=True)
-"""
-
-
-def test_roundtrip_bench_reports_a_failed_compute_block_on_every_rank(tmp_path: Path) -> None:
-    proc = run_mpi(2, ROUNDTRIP_FAILURE_SCRIPT, tmp_path, timeout=60)
-    for rank in (0, 1):
-        assert (f"rank {rank}: the compute thread failed on rank 1: MemoryError"
-                in proc.rank_stdout[rank]), proc.report()
-
-
-def test_roundtrip_bench_validates_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        cli.main(["bench", "roundtrip", "--bytes", "2"])
-    assert "must be >= 4" in capsys.readouterr().err
-
-
-EXCHANGE_SCRIPT = """
-import json, sys
-from dlcomm.cli import main as cli
-try:
-    rc = cli.main(["bench", "exchange", *sys.argv[1:]])
-except RuntimeError as exc:
-    from mpi4py import MPI
-    print(f"rank {MPI.COMM_WORLD.rank} error: {exc}", flush=True)
-    sys.exit(3)
-sys.exit(rc)
-"""
-
-
-def test_exchange_bench_times_every_peer_on_real_ranks(tmp_path: Path) -> None:
-    out = tmp_path / "exchange.json"
-    proc = run_mpi(2, EXCHANGE_SCRIPT, tmp_path, timeout=120,
-                   args=["--sizes", "64,5000,3000", "--algorithms", "native,ring",
-                         "--tolerances", "1e-9,0.2", "-n", "2", "-w", "1", "--blocks", "2",
-                         "--json", str(out)])
-    rows = json.loads(out.read_text())
-    assert [(r["peer"], r["block"]) for r in rows] == [
-        (p, b) for b in (1, 2) for p in ("native all-reduce", "ring all-reduce",
-                                         "exchange p=1e-09", "exchange p=0.2")]
-    assert all(r["median_ms"] >= r["min_ms"] > 0 and "link" not in r for r in rows)
-    assert "| exchange p=0.2 | median |" in proc.rank_stdout[0], proc.report()
-
-
-def test_exchange_bench_monitor_outside_the_emulator_fails_on_every_rank(
-        tmp_path: Path) -> None:
-    proc = run_mpi(2, EXCHANGE_SCRIPT, tmp_path, timeout=120, expect_rc=None,
-                   args=["--monitor-host", "7", "-n", "2"])
-    assert proc.returncode != 0
-    for rank in (0, 1):
-        assert f"rank {rank} error: --monitor-host 7:" in proc.rank_stdout[rank], proc.report()
-        assert "dlcommrun --emulate" in proc.rank_stdout[rank], proc.report()
-
-
 def test_exchange_bench_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     for bad, message in ((["--tolerances", "0,0.5"], "in (0, 1)"),
                          (["--algorithms", "ring,fast"], "unknown all-reduce algorithm"),
@@ -468,33 +381,143 @@ def test_report_rejects_unknown_sections_and_lists_them(
 
 
 # --- tiny real runs --------------------------------------------------------------------------
-_REAL_RUN = """
-import json, sys
+# One 2-rank job runs every real-rank case below in turn, each with its stdout captured apart:
+# one start-up of MPI and the package per rank instead of one per case. Each rank writes each
+# case's stdout and exit code to a file of its own; every test reads its case's. The cases
+# that fail on purpose come last, so that a failure cannot leave the others out of step.
+_REAL_RUNS = """
+import contextlib, io, json, sys
+from mpi4py import MPI
 from dlcomm.cli.main import main
 import dlcomm.tools.bench.peers as peers
+from dlcomm.tools.bench.roundtrip import measure
 
 out = sys.argv[1]
-codes = {}
-for c in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall"):
-    codes[c] = main(["bench", c, "--sizes", "4K,64K", "-w", "0", "-n", "3", "--block", "2",
-                     "--json", f"{out}/{c}.json"])
-codes["average"] = main(["bench", "allreduce", "--sizes", "1K", "-w", "0", "-n", "1",
-                         "--op", "average", "-d", "float64", "--json", f"{out}/avg.json"])
-codes["fusion"] = main(["bench", "fusion", "--tensors", "5", "--tensor-bytes", "4K",
-                        "-w", "0", "-n", "1", "--json", f"{out}/fusion.json"])
-# A wrong reference must turn the check column to FAIL and the exit code to 1.
-real = peers.reduce_reference
-peers.reduce_reference = lambda *a: real(*a) + 1
-codes["wrong"] = main(["bench", "allreduce", "--sizes", "4K", "-w", "0", "-n", "1",
-                       "--json", f"{out}/wrong.json"])
-print("CODES " + json.dumps(codes), flush=True)
+comm = MPI.COMM_WORLD
+
+
+def collectives():
+    codes = {}
+    for c in ("allreduce", "allgather", "reducescatter", "broadcast", "alltoall"):
+        codes[c] = main(["bench", c, "--sizes", "4K,64K", "-w", "0", "-n", "3", "--block", "2",
+                         "--json", f"{out}/{c}.json"])
+    codes["average"] = main(["bench", "allreduce", "--sizes", "1K", "-w", "0", "-n", "1",
+                             "--op", "average", "-d", "float64", "--json", f"{out}/avg.json"])
+    codes["fusion"] = main(["bench", "fusion", "--tensors", "5", "--tensor-bytes", "4K",
+                            "-w", "0", "-n", "1", "--json", f"{out}/fusion.json"])
+    # A wrong reference must turn the check column to FAIL and the exit code to 1.
+    real = peers.reduce_reference
+    peers.reduce_reference = lambda *a: real(*a) + 1
+    try:
+        codes["wrong"] = main(["bench", "allreduce", "--sizes", "4K", "-w", "0", "-n", "1",
+                               "--json", f"{out}/wrong.json"])
+    finally:
+        peers.reduce_reference = real
+    print("CODES " + json.dumps(codes), flush=True)
+    return 0
+
+
+def exchange(*argv):
+    try:
+        return main(["bench", "exchange", *argv])
+    except RuntimeError as exc:
+        print(f"rank {comm.rank} error: {exc}", flush=True)
+        return 3
+
+
+def failing_block():
+    if comm.rank == 1:
+        raise MemoryError("out of memory in the compute block")
+
+
+def roundtrip_failure():
+    try:
+        measure(comm, failing_block, 64, 2, 1, pause=0.0, settle=0.01)
+    except RuntimeError as exc:
+        print(f"rank {comm.rank}: {exc}", flush=True)
+    return 0
+
+
+CASES = {
+    "collectives": collectives,
+    "roundtrip": lambda: main(["bench", "roundtrip", "--kernel", "matmul", "--size", "64",
+                               "--bytes", "4000", "-n", "3", "--rounds", "2",
+                               "--json", f"{out}/roundtrip.json"]),
+    "exchange": lambda: exchange("--sizes", "64,5000,3000", "--algorithms", "native,ring",
+                                 "--tolerances", "1e-9,0.2", "-n", "2", "-w", "1",
+                                 "--blocks", "2", "--json", f"{out}/exchange.json"),
+    "roundtrip_failure": roundtrip_failure,
+    "exchange_monitor": lambda: exchange("--monitor-host", "7", "-n", "2"),
+}
+for name, case in CASES.items():
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        code = case()
+    with open(f"{out}/{name}_rank{comm.rank}.json", "w") as f:
+        json.dump({"stdout": text.getvalue(), "exit": code}, f)
+    comm.Barrier()
 """
 
 
-def test_tiny_real_run_checks_results_and_writes_json(tmp_path: Path) -> None:
-    proc = run_mpi(2, _REAL_RUN, tmp_path, timeout=180, args=[str(tmp_path)])
-    payloads = [re.findall(r"CODES (\{[^{}]*\})", out) for out in proc.rank_stdout]
-    assert [len(p) for p in payloads] == [1, 1], proc.report()  # one line from each rank
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """The folder of the one 2-rank job of every real-rank case, and the finished job."""
+    folder = tmp_path_factory.mktemp("bench_real_runs")
+    proc = run_mpi(2, _REAL_RUNS, folder, timeout=300, args=[str(folder)])
+    return folder, proc
+
+
+def real_run_case(real_runs: tuple[Path, object], name: str) -> tuple[list[dict], str]:
+    """Each rank's {"stdout", "exit"} of case ``name``, and a report for failure messages."""
+    folder, proc = real_runs
+    runs = [json.loads((folder / f"{name}_rank{r}.json").read_text()) for r in range(2)]
+    return runs, format_outputs([run["stdout"] for run in runs], proc.rank_stderr)
+
+
+def test_roundtrip_bench_times_idle_and_computing_ranks(real_runs) -> None:
+    runs, report = real_run_case(real_runs, "roundtrip")
+    assert [run["exit"] for run in runs] == [0, 0], report
+    rows = json.loads((real_runs[0] / "roundtrip.json").read_text())
+    assert [r["round"] for r in rows] == [1, 2]
+    for r in rows:
+        for state in ("idle", "busy"):
+            assert 0 < r[state]["p10_ms"] <= r[state]["p50_ms"] <= r[state]["p90_ms"]
+        assert r["ratio"] == pytest.approx(r["busy"]["p50_ms"] / r["idle"]["p50_ms"])
+    table = runs[0]["stdout"]  # rank 0 prints the table
+    assert "| median |" in table and "4000 bytes, 2 ranks" in table, report
+
+
+def test_roundtrip_bench_reports_a_failed_compute_block_on_every_rank(real_runs) -> None:
+    runs, report = real_run_case(real_runs, "roundtrip_failure")
+    for rank in (0, 1):
+        assert (f"rank {rank}: the compute thread failed on rank 1: MemoryError"
+                in runs[rank]["stdout"]), report
+
+
+def test_exchange_bench_times_every_peer_on_real_ranks(real_runs) -> None:
+    runs, report = real_run_case(real_runs, "exchange")
+    assert [run["exit"] for run in runs] == [0, 0], report
+    rows = json.loads((real_runs[0] / "exchange.json").read_text())
+    assert [(r["peer"], r["block"]) for r in rows] == [
+        (p, b) for b in (1, 2) for p in ("native all-reduce", "ring all-reduce",
+                                         "exchange p=1e-09", "exchange p=0.2")]
+    assert all(r["median_ms"] >= r["min_ms"] > 0 and "link" not in r for r in rows)
+    assert "| exchange p=0.2 | median |" in runs[0]["stdout"], report
+
+
+def test_exchange_bench_monitor_outside_the_emulator_fails_on_every_rank(real_runs) -> None:
+    runs, report = real_run_case(real_runs, "exchange_monitor")
+    assert all(run["exit"] != 0 for run in runs), report
+    for rank in (0, 1):
+        assert f"rank {rank} error: --monitor-host 7:" in runs[rank]["stdout"], report
+        assert "dlcommrun --emulate" in runs[rank]["stdout"], report
+
+
+def test_tiny_real_run_checks_results_and_writes_json(real_runs) -> None:
+    runs, report = real_run_case(real_runs, "collectives")
+    tmp_path = real_runs[0]
+    payloads = [re.findall(r"CODES (\{[^{}]*\})", run["stdout"]) for run in runs]
+    assert [len(p) for p in payloads] == [1, 1], report  # one line from each rank
     for (payload,) in payloads:  # both ranks got the same exit codes
         codes = json.loads(payload)
         assert codes == {"allreduce": 0, "allgather": 0, "reducescatter": 0, "broadcast": 0,
@@ -514,7 +537,13 @@ def test_tiny_real_run_checks_results_and_writes_json(tmp_path: Path) -> None:
     assert fusion["all_ok"] and all(p["check"] == "OK" for p in fusion["peers"].values())
     wrong = json.loads((tmp_path / "wrong.json").read_text())
     assert wrong["all_ok"] is False and wrong["rows"][0]["dlcomm"]["check"] == "FAIL"
-    assert "FAIL" in proc.rank_stdout[0] and "  OK" in proc.rank_stdout[0], proc.report()
+    assert "FAIL" in runs[0]["stdout"] and "  OK" in runs[0]["stdout"], report
+
+
+def test_roundtrip_bench_validates_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "roundtrip", "--bytes", "2"])
+    assert "must be >= 4" in capsys.readouterr().err
 
 
 def test_time_to_target_accuracy_counts_training_time_until_first_reached() -> None:
