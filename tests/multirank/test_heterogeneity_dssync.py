@@ -29,120 +29,182 @@ def test_partition_validates() -> None:
         partition(4, 2.0, 0, 0)  # type: ignore[arg-type]
 
 
-def test_dssync_on_four_ranks(tmp_path) -> None:
-    """One job: same membership everywhere, group averages against numpy, S=N equals BSP."""
-    run_mpi(4, r'''
+# One 4-rank job for three checks that need only a few steps each (start-up, four times
+# `import torch` on the CI's 2 cores, was most of each job's time). The cases run in this
+# order: the two on the whole world, then the one that shuts dlcomm down and starts it again
+# on parts of the world. Each case writes a file per rank when it is done; a case that
+# fails stops the job with its name in the traceback. A case run after another cannot pass
+# because of it: each builds its own optimizers, and DS-Sync's group and global-average
+# communicators are per optimizer; after the rank-0 error only its own optimizer is marked
+# failed; the subset case starts dlcomm again on its part, where a communicator left from
+# the world would average over the wrong ranks and fail its exact checks.
+FOUR_RANKS_SCRIPT = r'''
+import sys
 import numpy as np, torch
+from mpi4py import MPI
 import dlcomm, dlcomm.torch as hvd
 from dlcomm.heterogeneity.dssync import GroupCycle, average_in_group, partition
+
+out_dir = sys.argv[1]
 hvd.init()
 rank, n = hvd.rank(), hvd.size()
 
-# identical membership on all ranks, matching the pure partition
-cycle = GroupCycle(2, seed=5, cycle=4)
-mine = np.array([cycle.group_ranks(t) for t in range(8)], dtype=np.int64)
-everyone = dlcomm.allgather(mine[None], name="membership")
-for t in range(8):
-    groups = partition(n, 2, 5, t % 4)
-    for r in range(n):
-        assert list(everyone[r, t]) == next(g for g in groups if r in g), (r, t)
 
-# group average equals the numpy mean over the group's members
-for t in range(4):
-    x = np.arange(6, dtype=np.float64) + 10.0 * rank + t
-    out = average_in_group([x.copy()], cycle, t)[0]
-    members = cycle.group_ranks(t)
-    ref = np.mean([np.arange(6) + 10.0 * r + t for r in members], axis=0)
-    assert np.allclose(out, ref), (rank, t, out, ref)
+def membership_averages_and_bsp():
+    # identical membership on all ranks, matching the pure partition
+    cycle = GroupCycle(2, seed=5, cycle=4)
+    mine = np.array([cycle.group_ranks(t) for t in range(8)], dtype=np.int64)
+    everyone = dlcomm.allgather(mine[None], name="membership")
+    for t in range(8):
+        groups = partition(n, 2, 5, t % 4)
+        for r in range(n):
+            assert list(everyone[r, t]) == next(g for g in groups if r in g), (r, t)
 
-# a member with a different layout is reported on every member of its group, no hang
-bad = GroupCycle(2, seed=5, cycle=4)
-x = np.zeros(7 if rank == 0 else 6, dtype=np.float32)
-try:
-    average_in_group([x], bad, 0)
-    assert 0 not in bad.group_ranks(0), "rank 0's group must refuse"
-except hvd.MismatchError as e:
-    members = bad.group_ranks(0)
-    assert 0 in members and f"DS-Sync group {members}" in str(e), e
-    assert f"elements: rank {members[0]}: " in str(e) and "rank 0: 7" in str(e), e
-average_in_group([np.zeros(6, np.float32)], bad, 1) if 0 not in bad.group_ranks(1) else None
-def train(sync, steps=4, momentum=0.9):
+    # group average equals the numpy mean over the group's members
+    for t in range(4):
+        x = np.arange(6, dtype=np.float64) + 10.0 * rank + t
+        out = average_in_group([x.copy()], cycle, t)[0]
+        members = cycle.group_ranks(t)
+        ref = np.mean([np.arange(6) + 10.0 * r + t for r in members], axis=0)
+        assert np.allclose(out, ref), (rank, t, out, ref)
+
+    # a member with a different layout is reported on every member of its group, no hang
+    bad = GroupCycle(2, seed=5, cycle=4)
+    x = np.zeros(7 if rank == 0 else 6, dtype=np.float32)
+    try:
+        average_in_group([x], bad, 0)
+        assert 0 not in bad.group_ranks(0), "rank 0's group must refuse"
+    except hvd.MismatchError as e:
+        members = bad.group_ranks(0)
+        assert 0 in members and f"DS-Sync group {members}" in str(e), e
+        assert f"elements: rank {members[0]}: " in str(e) and "rank 0: 7" in str(e), e
+    average_in_group([np.zeros(6, np.float32)], bad, 1) if 0 not in bad.group_ranks(1) else None
+    def train(sync, steps=4, momentum=0.9):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), sync=sync)
+        g = torch.Generator().manual_seed(100 + rank)
+        for _ in range(steps):
+            x, y = torch.randn(8, 5, generator=g), torch.randn(8, 2, generator=g)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        opt.synchronize_globally() if hasattr(opt, "synchronize_globally") else None
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    bsp = train("bsp")
+    full = train(f"dssync:group_size={n}")
+    assert torch.equal(bsp, full), (bsp - full).abs().max()
+    # parameter averaging over all ranks (the DS-Sync path, forced) also equals BSP for SGD
+    from dlcomm.torch.heterogeneity.dssync import make_dssync_optimizer
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), sync=sync)
+    opt = make_dssync_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                group_size=n, seed=0, cycle=2)
+    assert opt._cycle.group_ranks(0) == list(range(n))  # one group of all ranks: averaging
     g = torch.Generator().manual_seed(100 + rank)
-    for _ in range(steps):
+    for _ in range(4):
         x, y = torch.randn(8, 5, generator=g), torch.randn(8, 2, generator=g)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
-    opt.synchronize_globally() if hasattr(opt, "synchronize_globally") else None
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-bsp = train("bsp")
-full = train(f"dssync:group_size={n}")
-assert torch.equal(bsp, full), (bsp - full).abs().max()
-# parameter averaging over all ranks (the DS-Sync path, forced) also equals BSP for SGD
-from dlcomm.torch.heterogeneity.dssync import make_dssync_optimizer
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-opt = make_dssync_optimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                            group_size=n, seed=0, cycle=2)
-assert opt._cycle.group_ranks(0) == list(range(n))  # one group of all ranks: averaging
-g = torch.Generator().manual_seed(100 + rank)
-for _ in range(4):
-    x, y = torch.randn(8, 5, generator=g), torch.randn(8, 2, generator=g)
-    opt.zero_grad()
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-avg = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-assert torch.allclose(avg, bsp, atol=1e-5), (avg - bsp).abs().max()
-# S=2: after synchronize_globally every rank holds the same model
-small = train("dssync:group_size=2")
-allp = hvd.allgather(small[None], name="final")
-assert all(torch.allclose(allp[0], allp[r], atol=1e-6) for r in range(n))
-if rank == 0:
-    print("DSSYNC OK")
-hvd.shutdown()
-''', tmp_path, timeout=240)
+    avg = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert torch.allclose(avg, bsp, atol=1e-5), (avg - bsp).abs().max()
+    # S=2: after synchronize_globally every rank holds the same model
+    small = train("dssync:group_size=2")
+    allp = hvd.allgather(small[None], name="final")
+    assert all(torch.allclose(allp[0], allp[r], atol=1e-6) for r in range(n))
 
 
-def test_sync_modes_follow_a_dlcomm_started_on_a_subset(tmp_path) -> None:
+def rank0_eval():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   sync="dssync:group_size=2")
+    g = torch.Generator().manual_seed(100 + rank)
+    try:
+        for step in range(12):
+            model.train()
+            x, y = torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if rank == 0 and step == 2:  # the classic mistake: evaluate on rank 0 only
+                model.eval()
+                with torch.no_grad():
+                    model(x)
+        opt.synchronize_globally()
+        message = "no error"
+    except hvd.MismatchError as exc:
+        message = str(exc)
+    with open(f"{out_dir}/rank0_eval.rank{rank}.txt", "w") as f:
+        f.write(message)
+
+
+def subset():
+    hvd.shutdown()
+    world = MPI.COMM_WORLD.Get_rank()
+    part = [0, 1, 2] if world < 3 else [3]
+    hvd.init(comm=part)
+    assert hvd.size() == len(part)
+
+    def one_step(**sync):
+        model = torch.nn.Linear(4, 1, bias=False)
+        torch.nn.init.zeros_(model.weight)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                       named_parameters=model.named_parameters(), **sync)
+        opt.zero_grad()
+        model(torch.full((1, 4), float(world + 1))).sum().backward()  # gradient: world rank + 1
+        opt.step()
+        return model.weight.detach().reshape(-1)
+
+    def minus_mean(ranks):  # dlcomm ranks of this part -> minus the mean of (world rank + 1)
+        return -sum(part[r] + 1 for r in ranks) / len(ranks)
+
+    group = next(g for g in partition(hvd.size(), 2, 0, 0) if hvd.rank() in g)
+    cases = [({"sync": "dssync:group_size=2"}, minus_mean(group)),  # 3 ranks: groups of 2 and 1
+             ({"loss_tolerance": 0.1}, minus_mean(range(hvd.size())))]  # tiny tensor: no loss
+    for sync, expected in cases:
+        w = one_step(**sync)
+        assert torch.allclose(w, torch.full((4,), expected)), (world, sync, w, expected)
+    hvd.shutdown()
+
+
+for name, case in [("membership_averages_and_bsp", membership_averages_and_bsp),
+                   ("rank0_eval", rank0_eval), ("subset", subset)]:
+    try:
+        case()
+    except BaseException as exc:
+        raise AssertionError(f"case {name} failed on world rank {rank}") from exc
+    open(f"{out_dir}/{name}.done{rank}", "w").close()
+'''
+
+
+@pytest.fixture(scope="module")
+def four_rank_job(tmp_path_factory):
+    """The folder of FOUR_RANKS_SCRIPT's per-rank, per-case results."""
+    out = tmp_path_factory.mktemp("dssync_four_ranks")
+    run_mpi(4, FOUR_RANKS_SCRIPT, out, timeout=240, args=[str(out)])
+    return out
+
+
+def assert_case_done(out, case: str) -> None:
+    missing = [r for r in range(4) if not (out / f"{case}.done{r}").exists()]
+    assert not missing, f"case {case}: ranks {missing} did not finish it"
+
+
+def test_dssync_on_four_ranks(four_rank_job) -> None:
+    """Same membership everywhere, group averages against numpy, S=N equals BSP."""
+    assert_case_done(four_rank_job, "membership_averages_and_bsp")
+
+
+def test_sync_modes_follow_a_dlcomm_started_on_a_subset(four_rank_job) -> None:
     """init(comm=...) on parts of the world ([0, 1, 2] and [3]): DS-Sync and DLCP from the
     torch adapter average within their own part (they build their communicators from
     dlcomm's, not the world's)."""
-    run_mpi(4, r'''
-import torch
-from mpi4py import MPI
-import dlcomm.torch as hvd
-from dlcomm.heterogeneity.dssync import partition
-world = MPI.COMM_WORLD.Get_rank()
-part = [0, 1, 2] if world < 3 else [3]
-hvd.init(comm=part)
-assert hvd.size() == len(part)
-
-def one_step(**sync):
-    model = torch.nn.Linear(4, 1, bias=False)
-    torch.nn.init.zeros_(model.weight)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
-                                   named_parameters=model.named_parameters(), **sync)
-    opt.zero_grad()
-    model(torch.full((1, 4), float(world + 1))).sum().backward()  # gradient: world rank + 1
-    opt.step()
-    return model.weight.detach().reshape(-1)
-
-def minus_mean(ranks):  # dlcomm ranks of this part -> minus the mean of (world rank + 1)
-    return -sum(part[r] + 1 for r in ranks) / len(ranks)
-
-group = next(g for g in partition(hvd.size(), 2, 0, 0) if hvd.rank() in g)
-cases = [({"sync": "dssync:group_size=2"}, minus_mean(group)),  # 3 ranks: groups of 2 and 1
-         ({"loss_tolerance": 0.1}, minus_mean(range(hvd.size())))]  # tiny tensor: no loss
-for sync, expected in cases:
-    w = one_step(**sync)
-    assert torch.allclose(w, torch.full((4,), expected)), (world, sync, w, expected)
-hvd.shutdown()
-''', tmp_path, timeout=180)
+    assert_case_done(four_rank_job, "subset")
 
 
 # A DS-Sync job whose script never calls synchronize_globally(): every place it reads the
@@ -231,45 +293,11 @@ def test_dssync_synchronises_wherever_the_model_is_read(tmp_path, np_) -> None:
     assert all(f == final[0] for f in final), "ranks ended with different models"
 
 
-RANK0_EVAL_SCRIPT = r'''
-import sys
-import torch
-import dlcomm.torch as hvd
-
-out_dir = sys.argv[1]
-hvd.init()
-rank = hvd.rank()
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               named_parameters=model.named_parameters(),
-                               sync="dssync:group_size=2")
-g = torch.Generator().manual_seed(100 + rank)
-try:
-    for step in range(12):
-        model.train()
-        x, y = torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        if rank == 0 and step == 2:  # the classic mistake: evaluate on rank 0 only
-            model.eval()
-            with torch.no_grad():
-                model(x)
-    opt.synchronize_globally()
-    message = "no error"
-except hvd.MismatchError as exc:
-    message = str(exc)
-with open(f"{out_dir}/rank{rank}.txt", "w") as f:
-    f.write(message)
-'''
-
-
-def test_dssync_evaluating_on_rank_0_alone_is_an_error_on_every_rank(tmp_path) -> None:
+def test_dssync_evaluating_on_rank_0_alone_is_an_error_on_every_rank(four_rank_job) -> None:
     """Rank 0 switches to eval mode mid-training while the others go on: every rank raises
     the same MismatchError naming the step, and the job ends instead of hanging."""
-    run_mpi(4, RANK0_EVAL_SCRIPT, tmp_path, timeout=240, args=[str(tmp_path)])
-    messages = [(tmp_path / f"rank{r}.txt").read_text() for r in range(4)]
+    assert_case_done(four_rank_job, "rank0_eval")
+    messages = [(four_rank_job / f"rank0_eval.rank{r}.txt").read_text() for r in range(4)]
     assert all(m == messages[0] for m in messages), messages
     assert "rank 0 averaged the model over all ranks after step 3" in messages[0], messages
     assert "at the same step" in messages[0], messages
