@@ -100,24 +100,26 @@ def test_spread_over_rejects_wrong_types() -> None:
 @needs_netns
 @pytest.mark.timeout(240)  # the emulation may first wait up to 60 s for another one's lock
 def test_demo_balances_away_from_a_spread_straggler(tmp_path) -> None:
-    """The demo under a real emulated cluster, host 1 at half speed (spread, the default):
-    the slowed rank sleeps inside its blocks and LB-BSP moves samples to host 0."""
+    """The demo under a real emulated cluster, host 1 at a quarter speed (spread, the
+    default): the slowed rank sleeps inside its blocks and LB-BSP moves samples to host 0.
+    A quarter, not a half: the balancer reads wall-clock speeds, and on a loaded 2-core
+    machine (load 10) a 2:1 contrast once measured the slowed rank as the faster one."""
     pytest.importorskip("mlxtend")
     out = tmp_path / "result.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "dlcomm.launcher.dlcommrun", "--emulate", "2x1gbit",
-           "--heterogeneity", "compute=1:0.5,seed=1", sys.executable,
+           "--heterogeneity", "compute=1:0.25,seed=1", sys.executable,
            str(REPO / "examples" / "torch_mnist.py"), "--no-progress", "--epochs", "2",
            "--batch-size", "64", "--sync", "lbbsp", "--json", str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "parameters identical on all 2 ranks: yes" in proc.stdout, proc.stdout
-    slept = re.search(r"rank 1: ComputeSlowdown\(host 1 at 0.5 \+- 0, seed 1: (\d+) blocks, "
+    slept = re.search(r"rank 1: ComputeSlowdown\(host 1 at 0.25 \+- 0, seed 1: (\d+) blocks, "
                       r"slept ([\d.]+) s\)", proc.stdout)
     assert slept and int(slept.group(1)) == 2 * 31 and float(slept.group(2)) > 0, proc.stdout
     sizes = re.findall(r"epoch 2: LB-BSP batch sizes \[(\d+), (\d+)\]", proc.stdout)
     assert sizes, proc.stdout
     fast, slow = map(int, sizes[0])
-    # half speed: about 2:1 once balanced; only the direction is asserted
+    # quarter speed: about 4:1 once balanced; only the direction is asserted
     assert fast + slow == 128 and fast > slow, proc.stdout
     assert json.loads(out.read_text())["accuracy"] > 0.5
