@@ -182,17 +182,29 @@ for name, case in [("membership_averages_and_bsp", membership_averages_and_bsp),
 '''
 
 
+FOUR_RANKS_CASES = ("membership_averages_and_bsp", "rank0_eval", "subset")
+
+
 @pytest.fixture(scope="module")
 def four_rank_job(tmp_path_factory):
-    """The folder of FOUR_RANKS_SCRIPT's per-rank, per-case results."""
+    """FOUR_RANKS_SCRIPT's folder of per-rank, per-case results, and the finished job. A job
+    that failed after every case finished (at exit) fails every test here; otherwise each
+    test checks its own case."""
     out = tmp_path_factory.mktemp("dssync_four_ranks")
-    run_mpi(4, FOUR_RANKS_SCRIPT, out, timeout=240, args=[str(out)])
-    return out
+    proc = run_mpi(4, FOUR_RANKS_SCRIPT, out, timeout=240, args=[str(out)], expect_rc=None)
+    done = all((out / f"{case}.done{r}").exists() for case in FOUR_RANKS_CASES
+               for r in range(4))
+    if done and proc.returncode != 0:
+        pytest.fail(f"every case finished, then the job exited {proc.returncode}\n"
+                    + proc.report())
+    return out, proc
 
 
-def assert_case_done(out, case: str) -> None:
+def assert_case_done(job, case: str) -> None:
+    out, proc = job
     missing = [r for r in range(4) if not (out / f"{case}.done{r}").exists()]
-    assert not missing, f"case {case}: ranks {missing} did not finish it"
+    assert not missing, (f"case {case}: ranks {missing} did not finish it (job exited "
+                         f"{proc.returncode})\n" + proc.report())
 
 
 def test_dssync_on_four_ranks(four_rank_job) -> None:
@@ -297,7 +309,7 @@ def test_dssync_evaluating_on_rank_0_alone_is_an_error_on_every_rank(four_rank_j
     """Rank 0 switches to eval mode mid-training while the others go on: every rank raises
     the same MismatchError naming the step, and the job ends instead of hanging."""
     assert_case_done(four_rank_job, "rank0_eval")
-    messages = [(four_rank_job / f"rank0_eval.rank{r}.txt").read_text() for r in range(4)]
+    messages = [(four_rank_job[0] / f"rank0_eval.rank{r}.txt").read_text() for r in range(4)]
     assert all(m == messages[0] for m in messages), messages
     assert "rank 0 averaged the model over all ranks after step 3" in messages[0], messages
     assert "at the same step" in messages[0], messages
