@@ -156,12 +156,15 @@ def subset():
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
                                        named_parameters=model.named_parameters(), **sync)
         opt.zero_grad()
-        model(torch.full((1, 4), float(world + 1))).sum().backward()  # gradient: world rank + 1
+        # gradient (world rank + 1) ** 2: 1, 4, 9 on the part [0, 1, 2], so its groups [0, 2]
+        # and [1] average to 5 and 4, the whole part to 14/3 (with world rank + 1 all three
+        # were 2, and averaging over the part instead of the group passed)
+        model(torch.full((1, 4), float((world + 1) ** 2))).sum().backward()
         opt.step()
         return model.weight.detach().reshape(-1)
 
-    def minus_mean(ranks):  # dlcomm ranks of this part -> minus the mean of (world rank + 1)
-        return -sum(part[r] + 1 for r in ranks) / len(ranks)
+    def minus_mean(ranks):  # dlcomm ranks of this part -> minus the mean of their gradients
+        return -sum((part[r] + 1) ** 2 for r in ranks) / len(ranks)
 
     group = next(g for g in partition(hvd.size(), 2, 0, 0) if hvd.rank() in g)
     cases = [({"sync": "dssync:group_size=2"}, minus_mean(group)),  # 3 ranks: groups of 2 and 1
