@@ -15,6 +15,7 @@ import json
 
 import pytest
 from mpi_run import run_mpi
+from shared_job import SharedJobs, read_rank_results
 
 STALL = {"DLCOMM_STALL_SHUTDOWN_SECONDS": "30", "DLCOMM_STALL_WARNING_SECONDS": "10"}
 
@@ -253,30 +254,20 @@ def _run(np_, script, tmp_path, timeout=240):
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     """``cases(np_, case)``: every rank's result of ``case`` from the one job of ``np_`` ranks
-    (started on first use); fails naming the case, rank and traceback of an error."""
-    jobs = {}
+    (started on first use), and the job's folder; fails naming the case, rank and traceback
+    of an error."""
+    def start(np_):
+        out = tmp_path_factory.mktemp(f"compat{np_}")
+        run_mpi(np_, CASES_SCRIPT, out, timeout=420, env=STALL,
+                args=[",".join(CASES_BY_RANKS[np_]), str(out)])
+        return out
+
+    jobs = SharedJobs(CASES_BY_RANKS, start)
 
     def results(np_, case):
-        assert case in CASES_BY_RANKS[np_], (np_, case)
-        if np_ not in jobs:
-            out = tmp_path_factory.mktemp(f"compat{np_}")
-            try:
-                run_mpi(np_, CASES_SCRIPT, out, timeout=420, env=STALL,
-                        args=[",".join(CASES_BY_RANKS[np_]), str(out)])
-                jobs[np_] = out
-            except pytest.fail.Exception as exc:  # the job itself failed: every case says so
-                jobs[np_] = str(exc)
-        if isinstance(jobs[np_], str):
-            pytest.fail(f"{case} on {np_} ranks: the job of {CASES_BY_RANKS[np_]} failed\n"
-                        + jobs[np_])
-        found = []
-        for k in range(np_):
-            path = jobs[np_] / f"{case}.rank{k}.json"
-            assert path.exists(), f"{case} on {np_} ranks: rank {k} wrote no result"
-            res = json.loads(path.read_text())
-            assert res["error"] is None, f"{case} on {np_} ranks, rank {k}:\n{res['error']}"
-            found.append(res["result"])
-        return found, jobs[np_]
+        out = jobs.folder(np_, case)
+        found = read_rank_results(out, np_, case, lambda c, k: f"{c}.rank{k}.json")
+        return [res["result"] for res in found], out
 
     return results
 

@@ -4,11 +4,11 @@ every rank must skip exactly those steps, halve the same scale and end with iden
 variables, also when a compressor may drop the inf (randomk keeping 1% of the elements), and
 a skipped step clears the compressor's error-feedback memory, where the inf went. One 3-rank
 job runs both compressions in turn, each writing its results, or its error, per rank."""
-import json
 
 import pytest
 from framework_required import require_framework
 from mpi_run import run_mpi
+from shared_job import read_rank_results
 
 require_framework("tensorflow", install="make install-tensorflow")
 
@@ -113,14 +113,8 @@ def job(tmp_path_factory):
 
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_loss_scale_optimizer_ranks_skip_together(compression, job):
-    case = COMPRESSIONS.index(compression)
-    results = []
-    for r in range(NP):
-        path = job / f"case{case}.rank{r}.json"
-        assert path.exists(), f"{compression}: rank {r} wrote no result"
-        res = json.loads(path.read_text())
-        assert "error" not in res, f"{compression}, rank {r}:\n{res['error']}"
-        results.append(res)
+    results = read_rank_results(job, NP, compression,
+                                lambda c, r: f"case{COMPRESSIONS.index(c)}.rank{r}.json")
     for r, res in enumerate(results):
         assert res["stepped"] == [True, True, False, True, True, False, True, True], (r, res)
         assert res["scales"] == results[0]["scales"], r

@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 from mpi_run import run_mpi
+from shared_job import SharedJobs, read_rank_results
 
 torch = pytest.importorskip("torch")
 
@@ -313,27 +314,18 @@ CASES_BY_RANKS = {1: ["single", "steps"], 2: ["steps", "multi"], 3: ["multi"], 4
 def kfac_job(tmp_path_factory):
     """``kfac_job(np_, case)``: the folder of the one job of ``np_`` ranks (started on first
     use) once every rank reported ``case`` done; fails naming the case, rank and traceback."""
-    jobs: dict = {}
+    def start(np_):
+        out = tmp_path_factory.mktemp(f"kfac{np_}")
+        run_mpi(np_, JOB, out, timeout=600,
+                args=[str(out), str(STEP_COUNT), ",".join(CASES_BY_RANKS[np_])])
+        return out
+
+    jobs = SharedJobs(CASES_BY_RANKS, start)
 
     def folder(np_, case):
-        assert case in CASES_BY_RANKS[np_], (np_, case)
-        if np_ not in jobs:
-            out = tmp_path_factory.mktemp(f"kfac{np_}")
-            try:
-                run_mpi(np_, JOB, out, timeout=600,
-                        args=[str(out), str(STEP_COUNT), ",".join(CASES_BY_RANKS[np_])])
-                jobs[np_] = out
-            except pytest.fail.Exception as exc:  # the job itself failed: every case says so
-                jobs[np_] = str(exc)
-        if isinstance(jobs[np_], str):
-            pytest.fail(f"{case} on {np_} ranks: the job of {CASES_BY_RANKS[np_]} failed\n"
-                        + jobs[np_])
-        for r in range(np_):
-            path = jobs[np_] / f"status.{case}.rank{r}.json"
-            assert path.exists(), f"{case} on {np_} ranks: rank {r} wrote no status"
-            error = json.loads(path.read_text())["error"]
-            assert error is None, f"{case} on {np_} ranks, rank {r}:\n{error}"
-        return jobs[np_]
+        out = jobs.folder(np_, case)
+        read_rank_results(out, np_, case, lambda c, r: f"status.{c}.rank{r}.json")
+        return out
 
     return folder
 

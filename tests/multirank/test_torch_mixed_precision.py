@@ -1,10 +1,10 @@
 """Mixed precision on real ranks: bfloat16 autocast with torch's GradScaler (Horovod's recipe)
 and with dlcomm's LossScaler; one rank's gradient is made non-finite at two steps and every
 rank must skip exactly those steps, keep the same scale and end with identical parameters."""
-import json
 
 import pytest
 from mpi_run import run_mpi
+from shared_job import read_rank_results
 
 torch = pytest.importorskip("torch")
 
@@ -102,13 +102,7 @@ def job(request, tmp_path_factory):
                          indirect=["job"], scope="module")
 def test_one_rank_overflows_every_rank_skips(job, mode):
     np_, out = job
-    results = []
-    for r in range(np_):
-        path = out / f"rank{r}_{mode}.json"
-        assert path.exists(), f"{mode} on {np_} ranks: rank {r} wrote no result"
-        res = json.loads(path.read_text())
-        assert "error" not in res, f"{mode} on {np_} ranks, rank {r}:\n{res['error']}"
-        results.append(res)
+    results = read_rank_results(out, np_, mode, lambda m, r: f"rank{r}_{m}.json")
     for r, res in enumerate(results):
         assert res["stepped"] == EXPECTED_STEPPED, (r, res["stepped"])
         assert res["scales"] == results[0]["scales"], r

@@ -4,10 +4,10 @@ against single-process training on the concatenated batches, errors, state broad
 On 2 ranks the training script and the Horovod-style script run in one job, in turn (one
 start-up of MPI and torch instead of two): each runs unchanged in a namespace of its own,
 and every rank writes each script's stdout and error to a file of its own."""
-import json
 
 import pytest
 from mpi_run import run_mpi
+from shared_job import SharedJobs, read_rank_results
 
 torch = pytest.importorskip("torch")
 
@@ -300,28 +300,18 @@ SCRIPTS_BY_RANKS = {2: ["train", "horovod_style"], 3: ["train"]}
 def scripts(tmp_path_factory):
     """``scripts(np_, name)``: every rank's stdout of script ``name`` in the one job of ``np_``
     ranks (started on first use); fails naming the script, rank and traceback of an error."""
-    jobs = {}
+    def start(np_):
+        out = tmp_path_factory.mktemp(f"torch{np_}")
+        run_mpi(np_, DRIVER, out, timeout=400,
+                args=[",".join(SCRIPTS_BY_RANKS[np_]), str(out)])
+        return out
+
+    jobs = SharedJobs(SCRIPTS_BY_RANKS, start)
 
     def stdout(np_, name):
-        if np_ not in jobs:
-            out = tmp_path_factory.mktemp(f"torch{np_}")
-            try:
-                run_mpi(np_, DRIVER, out, timeout=400,
-                        args=[",".join(SCRIPTS_BY_RANKS[np_]), str(out)])
-                jobs[np_] = out
-            except pytest.fail.Exception as exc:  # the job itself failed: every script says so
-                jobs[np_] = str(exc)
-        if isinstance(jobs[np_], str):
-            pytest.fail(f"{name} on {np_} ranks: the job of {SCRIPTS_BY_RANKS[np_]} failed\n"
-                        + jobs[np_])
-        found = []
-        for r in range(np_):
-            path = jobs[np_] / f"{name}.rank{r}.json"
-            assert path.exists(), f"{name} on {np_} ranks: rank {r} wrote no result"
-            res = json.loads(path.read_text())
-            assert res["error"] is None, f"{name} on {np_} ranks, rank {r}:\n{res['error']}"
-            found.append(res["stdout"])
-        return found
+        found = read_rank_results(jobs.folder(np_, name), np_, name,
+                                  lambda c, r: f"{c}.rank{r}.json")
+        return [res["stdout"] for res in found]
 
     return stdout
 
