@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mpi_run import format_outputs, run_mpi
+from shared_job import read_rank_results
 
 from dlcomm.cli import main as cli
 from dlcomm.tools.bench import peers, report, table, units
@@ -470,7 +471,7 @@ def real_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
 def real_run_case(real_runs: tuple[Path, object], name: str) -> tuple[list[dict], str]:
     """Each rank's {"stdout", "exit"} of case ``name``, and a report for failure messages."""
     folder, proc = real_runs
-    runs = [json.loads((folder / f"{name}_rank{r}.json").read_text()) for r in range(2)]
+    runs = read_rank_results(folder, 2, name, lambda c, r: f"{c}_rank{r}.json")
     return runs, format_outputs([run["stdout"] for run in runs], proc.rank_stderr)
 
 
