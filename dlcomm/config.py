@@ -158,6 +158,14 @@ KNOBS: tuple[Knob, ...] = (
          "on the emulated 4x1gbit an all-to-all reached 0.94 of the link at 128 KiB against "
          "0.88 with the kernel's autotuning (docs/collectives.md). 0: the kernel's autotuning.",
          where="TcpMesh"),
+    Knob("mpi_wait", "poll", str,
+         "How the data path waits for MPI: 'poll' (non-blocking collectives, tested between "
+         "sleeps of at most 0.2 ms) or 'block' (MPI's blocking calls). Open MPI's blocking "
+         "calls spin, so where ranks share cores a waiting rank takes the CPU of the ranks it "
+         "waits for: on the emulated 4x1gbit (4 ranks, 2 cores) two ranks computing while the "
+         "other two waited took 2.2x as long under 'block' (docs/collectives.md). 'block' "
+         "saves about 0.2 ms per small message on idle cores.",
+         where="MPICommunicator"),
     Knob("allreduce_segment_bytes", 1 << 20, parse_bytes,
          "Largest message of the pipelined all-reduce (suffixes k, M allowed); raised where a "
          "block would have more than 32 segments. The same on every rank.",

@@ -28,7 +28,7 @@ from dlcomm.collectives.buffers import CommLike, check_comm
 from dlcomm.ops import ReduceOp
 
 # Bump when an algorithm or the probe changes, so cached models of the old code are ignored.
-MODEL_VERSION = 2
+MODEL_VERSION = 3
 PROBE_SIZES = (8 << 10, 256 << 10, 4 << 20)  # bytes of float32
 PROBE_REPEATS = (7, 5, 3)  # timed calls per size: more where one call is quick and noisy
 MODEL_CACHE_ENV = "DLCOMM_ALLREDUCE_MODEL_CACHE"
@@ -145,11 +145,12 @@ def cache_directory(allreduce_model_cache: str | None = None,
 
 
 def topology_key(hosts: Sequence[str], candidates: Sequence[str], segment_bytes: int,
-                 emulated: str = "") -> str:
+                 emulated: str = "", mpi_wait: str = "poll") -> str:
     """A file-name-safe name for what the measurement depends on: the rank count, each rank's
-    host, the emulated network, the candidates and the pipeline's segment size."""
+    host, the emulated network, the candidates, the pipeline's segment size and how MPI
+    calls wait (``DLCOMM_MPI_WAIT``)."""
     text = json.dumps([MODEL_VERSION, list(hosts), emulated, list(candidates), segment_bytes,
-                       list(PROBE_SIZES)])
+                       list(PROBE_SIZES), mpi_wait])
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     return f"p{len(hosts)}-h{len(set(hosts))}-{digest}"
 
@@ -207,6 +208,12 @@ def measure(comm: CommLike, algorithms: Mapping[str, Algorithm],
     return {name: tuple(max(statistics.median(slowest[i, j, :repeats[j]]), 1e-9)
                         for j in range(len(sizes)))
             for i, name in enumerate(algorithms)}
+
+
+def wait_mode_of(comm: CommLike) -> str:
+    """``poll`` or ``block``: how ``comm``'s MPI calls wait (a communicator without MPI
+    polls)."""
+    return "poll" if getattr(comm, "poll", True) else "block"
 
 
 def measured_model(comm: CommLike, algorithms: Mapping[str, Algorithm], key: str,

@@ -27,7 +27,13 @@ from dlcomm.collectives.buffers import (
     is_same_buffer,
     raise_collective_errors,
 )
-from dlcomm.collectives.cost_model import CostModel, cache_directory, measured_model, topology_key
+from dlcomm.collectives.cost_model import (
+    CostModel,
+    cache_directory,
+    measured_model,
+    topology_key,
+    wait_mode_of,
+)
 from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.mpi_allreduce import mpi_allreduce
 from dlcomm.collectives.reduction import reduction_ufunc
@@ -257,7 +263,8 @@ def _measure_leaders(leader_comm: CommLike) -> CostModel:
     """The ring/rhd cost model among the host leaders (collective over ``leader_comm``),
     cached like ``auto``'s models (``DLCOMM_ALLREDUCE_MODEL_CACHE``)."""
     hosts = leader_comm.allgather(socket.gethostname())
-    key = topology_key(hosts, AUTO_LEADER_CANDIDATES, 0, os.environ.get("DLCOMM_EMULATE", ""))
+    key = topology_key(hosts, AUTO_LEADER_CANDIDATES, 0, os.environ.get("DLCOMM_EMULATE", ""),
+                       wait_mode_of(leader_comm))
     functions = {name: LEADER_ALGORITHMS[name] for name in AUTO_LEADER_CANDIDATES}
     model, _ = measured_model(leader_comm, functions, key, cache_directory())
     return model

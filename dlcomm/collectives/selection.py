@@ -32,6 +32,7 @@ from dlcomm.collectives.cost_model import (
     cache_directory,
     measured_model,
     topology_key,
+    wait_mode_of,
 )
 from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.hierarchical import hierarchical_allreduce
@@ -93,7 +94,8 @@ class AutoAllreduce:
         if unknown:
             raise ValueError(f"unknown candidate all-reduce(s) {unknown}")
         self.functions = {name: functions[name] for name in names}
-        key = topology_key(hosts, names, self.segment_bytes, environ.get("DLCOMM_EMULATE", ""))
+        key = topology_key(hosts, names, self.segment_bytes, environ.get("DLCOMM_EMULATE", ""),
+                           wait_mode_of(self.comm))
         self.model, self.measured = measured_model(
             self.comm, self.functions, key, cache_directory(allreduce_model_cache, environ))
         self._choices: dict[int, str] = {}

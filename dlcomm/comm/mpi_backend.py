@@ -18,7 +18,9 @@ from mpi4py import MPI
 
 from dlcomm import kernels
 from dlcomm.array_api import from_host, to_host
+from dlcomm.comm.polling import wait_polling
 from dlcomm.comm.tcp_communicator import TcpCommunicator
+from dlcomm.config import knob_value
 from dlcomm.errors import DLCommError
 from dlcomm.ops import ReduceOp, as_reduce_op
 
@@ -50,6 +52,20 @@ F = TypeVar("F", bound=Callable)
 
 class TransportError(DLCommError):
     """An MPI call failed; the message carries MPI's description of the error."""
+
+
+MPI_WAITS = ("poll", "block")
+
+
+def mpi_wait_mode(mpi_wait: str | None = None) -> str:
+    """How the data path waits for MPI: ``poll`` (test, then sleep: the CPU stays free for
+    the ranks being waited for) or ``block`` (MPI's own blocking calls, which busy-poll);
+    ``mpi_wait``, else ``DLCOMM_MPI_WAIT``, else ``poll``. ValueError for anything else."""
+    value = knob_value("mpi_wait", mpi_wait)
+    name = str(value).strip().lower()
+    if name not in MPI_WAITS:
+        raise ValueError(f"mpi_wait must be one of {', '.join(MPI_WAITS)}, got {value!r}")
+    return name
 
 
 def _raising_transport_errors(func: F) -> F:
@@ -134,17 +150,19 @@ class MPIRequest:
 
 class MPIRequestList:
     """Non-blocking operations waited on together: ``add`` each with a key, ``wait_some``
-    blocks (in ``MPI_Waitsome``, the GIL released) until at least one completes and returns
-    the keys of those that did. Completed entries are dropped from the list now and then, so
-    a long pipeline of messages keeps every wait proportional to what is still pending."""
+    waits until at least one completes (``MPI_Testsome`` between sleeps, or ``MPI_Waitsome``
+    with ``poll=False``; the GIL released either way) and returns the keys of those that
+    did. Completed entries are dropped from the list now and then, so a long pipeline of
+    messages keeps every wait proportional to what is still pending."""
 
-    __slots__ = ("_raw", "_keys", "_held", "pending")
+    __slots__ = ("_raw", "_keys", "_held", "pending", "_poll")
 
-    def __init__(self) -> None:
+    def __init__(self, poll: bool = True) -> None:
         self._raw: list[MPI.Request] = []
         self._keys: list[Any] = []
         self._held: list[Any] = []  # the MPIRequests: they keep their buffers alive
         self.pending = 0
+        self._poll = poll
 
     def add(self, request: MPIRequest, key: Any) -> None:
         """Wait for ``request`` (from ``isend``/``irecv``) as part of this list."""
@@ -159,7 +177,17 @@ class MPIRequestList:
         list when nothing is pending."""
         if not self.pending:
             return []
-        done = MPI.Request.Waitsome(self._raw) or []
+        if self._poll:
+            found: list[int] = []
+
+            def test() -> bool:
+                found.extend(MPI.Request.Testsome(self._raw) or [])
+                return bool(found)
+
+            wait_polling(test)
+            done = found
+        else:
+            done = MPI.Request.Waitsome(self._raw) or []
         keys = [self._keys[i] for i in done]
         for i in done:
             self._held[i] = None
@@ -205,6 +233,24 @@ class MPICommunicator:
         self.reduce_scatter_algorithm = reduce_scatter_algorithm
         if reduce_scatter_algorithm is not None:
             self._plain = None
+        # Open MPI's blocking calls spin: where ranks share cores, a waiting rank would take
+        # the CPU of the ranks it waits for (the data path polls unless DLCOMM_MPI_WAIT=block).
+        self.poll = mpi_wait_mode() == "poll"
+
+    def _finish(self, request: MPI.Request) -> None:
+        """Wait for a non-blocking collective: by polling (sleeps between tests) or, with
+        ``DLCOMM_MPI_WAIT=block``, in ``MPI_Wait``."""
+        if self.poll:
+            wait_polling(request.Test)
+        else:
+            request.Wait()
+
+    def _finish_all(self, requests: list[MPI.Request]) -> None:
+        """``_finish`` for several requests at once (point-to-point pairs)."""
+        if self.poll:
+            wait_polling(lambda: bool(MPI.Request.Testall(requests)))
+        else:
+            MPI.Request.Waitall(requests)
 
     @property
     def plain(self) -> MPICommunicator:
@@ -239,29 +285,31 @@ class MPICommunicator:
             self.algorithm(self.plain, sendbuf, recvbuf, wire_op)
             return
         send = MPI.IN_PLACE if sendbuf is recvbuf else _wire(sendbuf)
-        self.comm.Allreduce(send, _wire(recvbuf), op=_reduce_op(recvbuf.dtype, op))
+        self._finish(self.comm.Iallreduce(send, _wire(recvbuf),
+                                          op=_reduce_op(recvbuf.dtype, op)))
 
     @_raising_transport_errors
     def allgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int]) -> None:
         if counts and all(c == counts[0] for c in counts):
             # Open MPI's tuned Allgather picks better algorithms than its Allgatherv for the
             # same bytes (docs/collectives.md): use it whenever the blocks are equal.
-            self.comm.Allgather(_wire(sendbuf), _wire(recvbuf))
+            self._finish(self.comm.Iallgather(_wire(sendbuf), _wire(recvbuf)))
             return
-        self.comm.Allgatherv(_wire(sendbuf), [_wire(recvbuf), (counts, _displacements(counts))])
+        self._finish(self.comm.Iallgatherv(
+            _wire(sendbuf), [_wire(recvbuf), (counts, _displacements(counts))]))
 
     @_raising_transport_errors
     def bcast(self, buf: np.ndarray, root: int) -> None:
         if buf.size:
-            self.comm.Bcast(_wire(buf), root=root)
+            self._finish(self.comm.Ibcast(_wire(buf), root=root))
 
     @_raising_transport_errors
     def alltoallv(self, sendbuf: np.ndarray, sendcounts: list[int], recvbuf: np.ndarray,
                   recvcounts: list[int]) -> None:
-        self.comm.Alltoallv(
+        self._finish(self.comm.Ialltoallv(
             [_wire(sendbuf), (sendcounts, _displacements(sendcounts))],
             [_wire(recvbuf), (recvcounts, _displacements(recvcounts))],
-        )
+        ))
 
     @_raising_transport_errors
     def reduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int],
@@ -272,8 +320,9 @@ class MPICommunicator:
             wire_op = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
             self.reduce_scatter_algorithm(self.plain, sendbuf, recvbuf, counts, wire_op)
             return
-        self.comm.Reduce_scatter(_wire(sendbuf), _wire(recvbuf), recvcounts=counts,
-                                 op=_reduce_op(sendbuf.dtype, op))
+        self._finish(self.comm.Ireduce_scatter(_wire(sendbuf), _wire(recvbuf),
+                                               recvcounts=counts,
+                                               op=_reduce_op(sendbuf.dtype, op)))
 
     # --- control path (negotiation) ------------------------------------------------------
     def iallreduce_band(self, words: np.ndarray) -> MPIRequest:
@@ -282,10 +331,11 @@ class MPICommunicator:
 
     def allgather_bytes(self, payload: bytes) -> list[bytes]:
         """All-gather byte strings of any length (two collectives, no pickling)."""
-        sizes = np.array(self.comm.allgather(len(payload)), dtype=np.int64)
+        mine, sizes = np.array([len(payload)], dtype=np.int64), np.empty(self.size, np.int64)
+        self._finish(self.comm.Iallgather(mine, sizes))  # ``mine`` alive until done
         recv = np.empty(int(sizes.sum()), dtype=np.uint8)
-        self.comm.Allgatherv(np.frombuffer(payload, dtype=np.uint8),
-                             [recv, sizes.tolist()])
+        self._finish(self.comm.Iallgatherv(np.frombuffer(payload, dtype=np.uint8),
+                                           [recv, sizes.tolist()]))
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         return [recv[offsets[i]:offsets[i + 1]].tobytes() for i in range(self.size)]
 
@@ -311,9 +361,11 @@ class MPICommunicator:
         if not (isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")):
             return self.comm.allgather(value)
         host = np.ascontiguousarray(to_host(value)).reshape(-1)
-        counts = self.comm.allgather(host.nbytes)
+        mine, sizes = np.array([host.nbytes], dtype=np.int64), np.empty(self.size, np.int64)
+        self._finish(self.comm.Iallgather(mine, sizes))  # ``mine`` alive until done
+        counts = sizes.tolist()
         recv = np.empty(sum(counts), dtype=np.uint8)
-        self.comm.Allgatherv(host.view(np.uint8), [recv, counts, MPI.BYTE])
+        self._finish(self.comm.Iallgatherv(host.view(np.uint8), [recv, counts, MPI.BYTE]))
         bounds = np.cumsum([0, *counts])
         return [from_host(recv[lo:hi].view(host.dtype), value)
                 for lo, hi in zip(bounds, bounds[1:])]
@@ -324,28 +376,30 @@ class MPICommunicator:
         if not 0 <= peer < self.size or peer == self.rank:
             raise ValueError(f"peer must be another rank in [0, {self.size}), got {peer}")
         host = np.ascontiguousarray(to_host(arr)).reshape(-1)
-        nbytes = self.comm.sendrecv(host.nbytes, dest=peer, source=peer)
-        recv = np.empty(nbytes, dtype=np.uint8)
-        self.comm.Sendrecv([host.view(np.uint8), MPI.BYTE], dest=peer,
-                           recvbuf=[recv, MPI.BYTE], source=peer)
+        mine, theirs = np.array([host.nbytes], dtype=np.int64), np.empty(1, dtype=np.int64)
+        self._finish_all([self.comm.Isend(mine, dest=peer), self.comm.Irecv(theirs, source=peer)])
+        recv = np.empty(int(theirs[0]), dtype=np.uint8)
+        self._finish_all([self.comm.Isend([host.view(np.uint8), MPI.BYTE], dest=peer),
+                          self.comm.Irecv([recv, MPI.BYTE], source=peer)])
         return from_host(recv.view(host.dtype), arr)
 
     # --- point-to-point into given buffers (collective algorithms, heterogeneity) ---------
     @_raising_transport_errors
     def send(self, buf: np.ndarray, dest: int, tag: int) -> None:
-        """Send the bytes of contiguous ``buf`` to ``dest`` (blocking)."""
-        self.comm.Send(_bytes(buf), dest, tag)
+        """Send the bytes of contiguous ``buf`` to ``dest``; returns once sent."""
+        self._finish(self.comm.Isend(_bytes(buf), dest, tag))
 
     @_raising_transport_errors
     def recv(self, buf: np.ndarray, source: int, tag: int) -> None:
         """Receive exactly ``buf.nbytes`` bytes from ``source`` into contiguous ``buf``."""
-        self.comm.Recv(_bytes(buf), source, tag)
+        self._finish(self.comm.Irecv(_bytes(buf), source, tag))
 
     @_raising_transport_errors
     def sendrecv_into(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int,
                       tag: int) -> None:
         """Send ``sendbuf`` to ``dest`` while receiving ``recvbuf`` from ``source``."""
-        self.comm.Sendrecv(_bytes(sendbuf), dest, tag, _bytes(recvbuf), source, tag)
+        self._finish_all([self.comm.Irecv(_bytes(recvbuf), source, tag),
+                          self.comm.Isend(_bytes(sendbuf), dest, tag)])
 
     @_raising_transport_errors
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> MPIRequest:
@@ -361,8 +415,8 @@ class MPICommunicator:
 
     @_raising_transport_errors
     def barrier(self) -> None:
-        """Return once every rank entered the barrier (blocking)."""
-        self.comm.Barrier()
+        """Return once every rank entered the barrier."""
+        self._finish(self.comm.Ibarrier())
 
     def ibarrier(self) -> MPIRequest:
         """Start a barrier; ``test()`` is True once every rank entered it."""
@@ -419,8 +473,9 @@ class MPICommunicator:
         return MPICommunicator(self.comm, algorithm, reduce_scatter_algorithm)
 
     def request_list(self) -> MPIRequestList:
-        """An empty list of requests to wait on together (``MPIRequestList``)."""
-        return MPIRequestList()
+        """An empty list of requests to wait on together (``MPIRequestList``), waited on
+        as this communicator's collectives are (``DLCOMM_MPI_WAIT``)."""
+        return MPIRequestList(self.poll)
 
     def test_all(self, requests: Sequence[MPIRequest]) -> bool:
         """True once every request completed (``MPI_Testall``, driving their progress)."""

@@ -107,8 +107,10 @@ def test_topology_key_names_what_the_measurement_depends_on() -> None:
               cost_model.topology_key(["a", "a", "b", "b"], ["ordered"], 1 << 20),
               cost_model.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"], 1 << 19),
               cost_model.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"], 1 << 20,
-                                     "2x1gbit")]
-    assert len({key, *others}) == 5
+                                     "2x1gbit"),
+              cost_model.topology_key(["a", "a", "b", "b"], ["ordered", "pipelined"], 1 << 20,
+                                     mpi_wait="block")]  # a model per DLCOMM_MPI_WAIT
+    assert len({key, *others}) == 6
 
 
 def test_segments_cover_a_block_and_the_knob_is_checked() -> None:
