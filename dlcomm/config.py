@@ -159,12 +159,14 @@ KNOBS: tuple[Knob, ...] = (
          "0.88 with the kernel's autotuning (docs/collectives.md). 0: the kernel's autotuning.",
          where="TcpMesh"),
     Knob("mpi_wait", "poll", str,
-         "How the data path waits for MPI: 'poll' (non-blocking collectives, tested between "
-         "sleeps of at most 0.2 ms) or 'block' (MPI's blocking calls). Open MPI's blocking "
-         "calls spin, so where ranks share cores a waiting rank takes the CPU of the ranks it "
-         "waits for: on the emulated 4x1gbit (4 ranks, 2 cores) two ranks computing while the "
-         "other two waited took 2.2x as long under 'block' (docs/collectives.md). 'block' "
-         "saves about 0.2 ms per small message on idle cores.",
+         "How the data path's MPI all-gathers, all-to-all, broadcasts, barriers and "
+         "point-to-point messages wait: 'poll' (non-blocking calls tested between sleeps of "
+         "at most 0.2 ms) or 'block' (MPI's blocking calls; MPI's own all-reduce and "
+         "reduce-scatter always block). Open MPI's blocking calls spin, so where ranks share "
+         "cores a waiting rank takes the CPU of the ranks it waits for: on the emulated "
+         "4x1gbit (4 ranks, 2 cores) two ranks computing while the other two waited took "
+         "1.8-2x as long under 'block' (docs/collectives.md). 'block' saves up to 0.3 ms "
+         "per message on idle cores.",
          where="MPICommunicator"),
     Knob("allreduce_segment_bytes", 1 << 20, parse_bytes,
          "Largest message of the pipelined all-reduce (suffixes k, M allowed); raised where a "

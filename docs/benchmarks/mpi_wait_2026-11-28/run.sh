@@ -16,3 +16,10 @@ for wait in block poll poll block poll block poll; do
   DLCOMM_MPI_WAIT=$wait dlcomm bench kfac --np 4 --emulate 4x1gbit --peer-path /work/peers/kfac-site \
     --epochs 3 --repeats 3
 done
+# Small messages on idle ranks (docs/collectives.md): algorithms_poll_iallreduce.txt was taken
+# while MPI's own all-reduce also polled (Iallreduce; since reverted), algorithms_block.txt
+# with DLCOMM_MPI_WAIT=block, algorithms_poll.txt with the committed default.
+for wait in poll block; do
+  DLCOMM_MPI_WAIT=$wait DLCOMM_ALLREDUCE_MODEL_CACHE=off dlcommrun -np 4 --emulate 4x1gbit \
+    python -m dlcomm.tools.bench.algorithms --sizes 8KiB 64KiB 256KiB --repeats 20
+done
