@@ -10,7 +10,8 @@ for wait in poll block; do
     --iters 12 --batches-per-iter 1 --warmup 5 --repeats 3 --no-scaling \
     --json docs/benchmarks/mpi_wait_2026-11-28/dense_fp16_4x1gbit_$wait.json
 done
-# K-FAC against kfac-pytorch (docs/kfac.md), alternating poll and block, 7 runs in all;
+# K-FAC against kfac-pytorch (docs/kfac.md), alternating poll and block, 7 runs in all, and
+# one more poll run at d3c82ea (night5);
 # files in docs/benchmarks/kfac_4x1gbit_2026-11-28/kfac_4x1gbit_{poll,block}_night*.
 for wait in block poll poll block poll block poll; do
   DLCOMM_MPI_WAIT=$wait dlcomm bench kfac --np 4 --emulate 4x1gbit --peer-path /work/peers/kfac-site \
