@@ -237,20 +237,19 @@ class MPICommunicator:
         # the CPU of the ranks it waits for (the data path polls unless DLCOMM_MPI_WAIT=block).
         self.poll = mpi_wait_mode() == "poll"
 
-    def _finish(self, request: MPI.Request) -> None:
-        """Wait for a non-blocking collective: by polling (sleeps between tests) or, with
-        ``DLCOMM_MPI_WAIT=block``, in ``MPI_Wait``."""
-        if self.poll:
-            wait_polling(request.Test)
-        else:
-            request.Wait()
-
-    def _finish_all(self, requests: list[MPI.Request]) -> None:
-        """``_finish`` for several requests at once (point-to-point pairs)."""
+    def _finish(self, *requests: MPI.Request) -> None:
+        """Wait for non-blocking operations: by polling (sleeps between tests) or, with
+        ``DLCOMM_MPI_WAIT=block``, in ``MPI_Waitall``."""
         if self.poll:
             wait_polling(lambda: bool(MPI.Request.Testall(requests)))
         else:
             MPI.Request.Waitall(requests)
+
+    def _gathered_sizes(self, nbytes: int) -> np.ndarray:
+        """Every rank's ``nbytes`` in rank order (int64), waited on like the data path."""
+        mine, sizes = np.array([nbytes], dtype=np.int64), np.empty(self.size, np.int64)
+        self._finish(self.comm.Iallgather(mine, sizes))  # ``mine`` alive until done
+        return sizes
 
     @property
     def plain(self) -> MPICommunicator:
@@ -331,8 +330,7 @@ class MPICommunicator:
 
     def allgather_bytes(self, payload: bytes) -> list[bytes]:
         """All-gather byte strings of any length (two collectives, no pickling)."""
-        mine, sizes = np.array([len(payload)], dtype=np.int64), np.empty(self.size, np.int64)
-        self._finish(self.comm.Iallgather(mine, sizes))  # ``mine`` alive until done
+        sizes = self._gathered_sizes(len(payload))
         recv = np.empty(int(sizes.sum()), dtype=np.uint8)
         self._finish(self.comm.Iallgatherv(np.frombuffer(payload, dtype=np.uint8),
                                            [recv, sizes.tolist()]))
@@ -361,9 +359,7 @@ class MPICommunicator:
         if not (isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")):
             return self.comm.allgather(value)
         host = np.ascontiguousarray(to_host(value)).reshape(-1)
-        mine, sizes = np.array([host.nbytes], dtype=np.int64), np.empty(self.size, np.int64)
-        self._finish(self.comm.Iallgather(mine, sizes))  # ``mine`` alive until done
-        counts = sizes.tolist()
+        counts = self._gathered_sizes(host.nbytes).tolist()
         recv = np.empty(sum(counts), dtype=np.uint8)
         self._finish(self.comm.Iallgatherv(host.view(np.uint8), [recv, counts, MPI.BYTE]))
         bounds = np.cumsum([0, *counts])
@@ -377,10 +373,10 @@ class MPICommunicator:
             raise ValueError(f"peer must be another rank in [0, {self.size}), got {peer}")
         host = np.ascontiguousarray(to_host(arr)).reshape(-1)
         mine, theirs = np.array([host.nbytes], dtype=np.int64), np.empty(1, dtype=np.int64)
-        self._finish_all([self.comm.Isend(mine, dest=peer), self.comm.Irecv(theirs, source=peer)])
+        self._finish(self.comm.Isend(mine, dest=peer), self.comm.Irecv(theirs, source=peer))
         recv = np.empty(int(theirs[0]), dtype=np.uint8)
-        self._finish_all([self.comm.Isend([host.view(np.uint8), MPI.BYTE], dest=peer),
-                          self.comm.Irecv([recv, MPI.BYTE], source=peer)])
+        self._finish(self.comm.Isend([host.view(np.uint8), MPI.BYTE], dest=peer),
+                     self.comm.Irecv([recv, MPI.BYTE], source=peer))
         return from_host(recv.view(host.dtype), arr)
 
     # --- point-to-point into given buffers (collective algorithms, heterogeneity) ---------
@@ -398,8 +394,8 @@ class MPICommunicator:
     def sendrecv_into(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int,
                       tag: int) -> None:
         """Send ``sendbuf`` to ``dest`` while receiving ``recvbuf`` from ``source``."""
-        self._finish_all([self.comm.Irecv(_bytes(recvbuf), source, tag),
-                          self.comm.Isend(_bytes(sendbuf), dest, tag)])
+        self._finish(self.comm.Irecv(_bytes(recvbuf), source, tag),
+                     self.comm.Isend(_bytes(sendbuf), dest, tag))
 
     @_raising_transport_errors
     def isend(self, buf: np.ndarray, dest: int, tag: int) -> MPIRequest:
