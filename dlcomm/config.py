@@ -168,6 +168,14 @@ KNOBS: tuple[Knob, ...] = (
          "1.8-2x as long under 'block' (docs/collectives.md). 'block' saves up to 0.3 ms "
          "per message on idle cores.",
          where="MPICommunicator"),
+    Knob("negotiation", "auto", str,
+         "How the engine's ranks agree on what is ready each round: 'mpi' (MPI's "
+         "non-blocking all-reduce, tested between sleeps), 'tcp' (over the TCP mesh: the "
+         "wait sleeps in a socket read and wakes when the last rank's words arrive) or "
+         "'auto': 'tcp' where some machine runs more ranks than it has cores, else 'mpi'. "
+         "Each test between sleeps costs 25-30 microseconds of CPU here, taken from the "
+         "ranks being waited for where they share cores (docs/collectives.md). Where the "
+         "mesh cannot connect, MPI carries it."),
     Knob("allreduce_segment_bytes", 1 << 20, parse_bytes,
          "Largest message of the pipelined all-reduce (suffixes k, M allowed); raised where a "
          "block would have more than 32 segments. The same on every rank.",
@@ -312,6 +320,8 @@ KNOBS: tuple[Knob, ...] = (
          "probes and is never declared lost."),
 )
 
+NEGOTIATIONS = ("auto", "mpi", "tcp")
+
 # Knobs read where they are used (compression, collectives), not by init().
 _NOT_INIT = frozenset(k.name for k in KNOBS if k.where != "init")
 
@@ -332,6 +342,7 @@ class Config:
     backend: str
     log_level: str
     compression: str
+    negotiation: str
     elastic_dead_peer_seconds: float
 
 
@@ -385,6 +396,10 @@ def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Confi
             values[knob.name] = knob.parse(str(raw)) if not isinstance(raw, bool) else raw
         except ValueError as exc:
             raise ValueError(f"bad value {raw!r} for {source}: {exc}") from None
+    values["negotiation"] = parse_choice(
+        values["negotiation"], NEGOTIATIONS, what="negotiation",
+        source="argument negotiation=" if overrides.get("negotiation") is not None
+        else "environment variable DLCOMM_NEGOTIATION")
     if values["backend"] not in {"auto", "mpi", "nccl"}:
         raise ValueError(
             f"bad backend {values['backend']!r} (DLCOMM_BACKEND / backend=); "

@@ -1,5 +1,5 @@
 """An ``MPICommunicator`` whose all-to-all, all-gather and blocking point-to-point messages
-travel over a ``TcpMesh``.
+travel over a ``TcpMesh``, and, as the engine's control communicator, its negotiation too.
 
 Everything else (barriers, broadcasts, non-blocking messages, small values) stays on MPI. The
 collective algorithms run on it unchanged: ``ordered`` over this communicator sends the same
@@ -62,6 +62,32 @@ class MeshCommunicator(MPICommunicator):
     def recv(self, buf: np.ndarray, source: int, tag: int) -> None:
         self.mesh.exchange({}, {source: buf})
 
+    # --- control path (negotiation), when the engine negotiates over the mesh --------------
+    def iallreduce_band(self, words: np.ndarray) -> _Completed:
+        """Bitwise-AND all-reduce of ``words`` (uint64), in place: every rank's words are
+        all-gathered and combined here. Done when it returns; the wait sleeps in the
+        kernel's socket reads instead of testing MPI between sleeps (docs/collectives.md)."""
+        if words.size and self.size > 1:
+            gathered = np.empty((self.size, words.size), dtype=words.dtype)
+            gathered[self.rank] = words
+            others = [p for p in range(self.size) if p != self.rank]
+            self.mesh.exchange(dict.fromkeys(others, words), {p: gathered[p] for p in others})
+            np.bitwise_and.reduce(gathered, axis=0, out=words)
+        return _COMPLETED
+
+    def allgather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every rank's byte string (any length), in rank order: the lengths, then the
+        bytes."""
+        me = self.rank
+        others = [p for p in range(self.size) if p != me]
+        sizes = np.empty(self.size, dtype=np.int64)
+        sizes[me] = len(payload)
+        self.mesh.exchange(dict.fromkeys(others, sizes[me:me + 1]),
+                           {p: sizes[p:p + 1] for p in others})
+        parts = {p: np.empty(int(sizes[p]), dtype=np.uint8) for p in others}
+        self.mesh.exchange(dict.fromkeys(others, np.frombuffer(payload, dtype=np.uint8)), parts)
+        return [bytes(payload) if p == me else parts[p].tobytes() for p in range(self.size)]
+
     def start_exchange(self, sends: list[tuple[int, np.ndarray]],
                        recvs: list[tuple[int, np.ndarray]]) -> Transfer:
         """``TcpMesh.start``: queue messages now, ``wait()`` later (pipelined algorithms)."""
@@ -72,16 +98,21 @@ class MeshCommunicator(MPICommunicator):
         self.mesh.close()
 
 
+def mesh_setting(environ: dict[str, str] | None = None) -> str:
+    """``DLCOMM_TCP_MESH``: ``auto`` (default) or ``off``; ValueError for anything else."""
+    environ = os.environ if environ is None else environ
+    setting = environ.get(TCP_MESH_ENV, "auto").strip().lower() or "auto"
+    if setting not in ("auto", "off"):
+        raise ValueError(f"{TCP_MESH_ENV} must be 'auto' or 'off', got {setting!r}")
+    return setting
+
+
 def mesh_communicator(comm: MPICommunicator,
                       environ: dict[str, str] | None = None) -> MeshCommunicator | None:
     """``comm`` over a TCP mesh, built collectively on first use and cached on ``comm``;
     None on every rank when ``DLCOMM_TCP_MESH=off``, for one rank, or when any rank could
     not connect (logged once; MPI carries everything then)."""
-    environ = os.environ if environ is None else environ
-    setting = environ.get(TCP_MESH_ENV, "auto").strip().lower() or "auto"
-    if setting not in ("auto", "off"):
-        raise ValueError(f"{TCP_MESH_ENV} must be 'auto' or 'off', got {setting!r}")
-    if setting == "off" or comm.size < 2:
+    if mesh_setting(environ) == "off" or comm.size < 2:
         return None
 
     def build() -> Any:
@@ -94,6 +125,18 @@ def mesh_communicator(comm: MPICommunicator,
 
     built = comm.cached(("tcp_mesh",), build)
     return None if isinstance(built, _NoMesh) else built
+
+
+class _Completed:
+    """A request that completed before it was returned."""
+
+    __slots__ = ()
+
+    def test(self) -> bool:
+        return True
+
+
+_COMPLETED = _Completed()
 
 
 class _NoMesh:

@@ -25,6 +25,8 @@ from dlcomm.collectives.registry import (
 )
 from dlcomm.collectives.selection import built_model
 from dlcomm.comm.counting import ByteCounter
+from dlcomm.comm.machine import cores_oversubscribed
+from dlcomm.comm.mesh_communicator import mesh_communicator, mesh_setting
 from dlcomm.comm.mpi_backend import MPICommunicator, dumps, loads
 from dlcomm.comm.polling import wait_polling
 from dlcomm.config import Config
@@ -55,7 +57,7 @@ class Engine:
         self.rank = world.rank
         self.size = world.size
         # Separate communicators keep negotiation messages apart from data messages.
-        self.control = world.dup()
+        self.control = _control_communicator(world.dup(), config.negotiation)
         data = world.dup().with_algorithm(*_data_algorithms())
         self.counter = ByteCounter()  # payload bytes sent, counted by the data communicators
         self.process_sets: dict[int, ProcessSetState] = {
@@ -379,6 +381,21 @@ def _dense_bytes(request: Request) -> int:
     if request.kind is not Kind.ALLREDUCE or request.signature.compression != "none":
         return 0
     return sum(a.nbytes for a in request.arrays)
+
+
+def _control_communicator(control: Any, negotiation: str) -> Any:
+    """What the negotiation runs on (``DLCOMM_NEGOTIATION``): ``control`` itself (MPI), or
+    ``control`` over a TCP mesh, whose waits sleep in the kernel. MPI's waits are tests
+    between sleeps, and each test takes CPU from the ranks being waited for where they share
+    cores: ``auto`` picks the mesh there. Collective."""
+    if not isinstance(control, MPICommunicator) or control.size < 2 or negotiation == "mpi":
+        return control  # an elastic job's control communicator is a TCP mesh already
+    if negotiation == "tcp" and mesh_setting() == "off":
+        raise ValueError("DLCOMM_NEGOTIATION=tcp negotiates over the TCP mesh, which "
+                         "DLCOMM_TCP_MESH=off turns off: set one of them differently")
+    if negotiation == "auto" and not cores_oversubscribed(control):
+        return control
+    return mesh_communicator(control) or control  # a mesh that cannot connect: MPI
 
 
 def _data_algorithms() -> tuple[Any, Any]:

@@ -10,6 +10,8 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 
+from dlcomm.comm.machine import local_core_count
+
 # Environment variables forwarded to every rank with ``-x`` when set in the launcher's env.
 FORWARDED_PREFIXES = ("DLCOMM_", "OMP_", "PYTHON", "OPENBLAS_", "MKL_", "CUDA_", "NCCL_")
 FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "HOME")
@@ -19,14 +21,6 @@ FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "HOME")
 # 4 ranks x 2 default threads on 2 cores ACP-SGD's matmuls ran 2.5x slower (measured, see
 # docs/launcher.md); torchrun sets OMP_NUM_THREADS=1 for the same reason.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def local_core_count() -> int:
-    """Cores this process may run on (affinity-aware), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def threads_per_rank(ranks_on_machine: int, cores: int) -> int:

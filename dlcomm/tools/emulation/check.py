@@ -17,7 +17,8 @@ import platform
 import subprocess
 import sys
 
-from dlcomm.launcher.mpirun_command import build_mpirun_command, local_core_count
+from dlcomm.comm.machine import local_core_count
+from dlcomm.launcher.mpirun_command import build_mpirun_command
 from dlcomm.tools.emulation.cluster import Cluster, EmulationError, emulated_cluster, parse_spec
 from dlcomm.tools.emulation.plan import EmulationSpec
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from dlcomm.launcher.mpirun_command import local_core_count
+from dlcomm.comm.machine import local_core_count
 from dlcomm.tools.emulation.agent import write_agent_scripts
 from dlcomm.tools.emulation.netns import (
     EmulationError,
