@@ -51,6 +51,40 @@ def test_first_job_measures_later_jobs_read_the_cache(np_ranks: int, tmp_path: P
     assert cached.name.startswith(f"p{np_ranks}-h1-")
 
 
+CANDIDATES = r"""
+import json, sys
+from mpi4py import MPI
+from dlcomm.collectives import cached_auto_allreduce
+from dlcomm.collectives.selection import ANY_CANDIDATES
+
+comm = MPI.COMM_WORLD
+out = {"auto": sorted(cached_auto_allreduce(comm).functions),
+       "fastest": sorted(cached_auto_allreduce(comm, ANY_CANDIDATES).functions)}
+with open(f"{sys.argv[1]}/rank{comm.Get_rank()}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_auto_keeps_the_mesh_where_ranks_outnumber_the_cores(tmp_path: Path) -> None:
+    """Idle ranks cannot show what MPI's waits cost busy ones that share cores: there ``auto``
+    measures only its mesh candidate; ``fastest`` still measures every algorithm."""
+    from dlcomm.comm.machine import local_core_count
+
+    crowded = local_core_count() + 1
+    run_mpi(crowded, CANDIDATES, tmp_path, timeout=180, args=[str(tmp_path)],
+            env={"DLCOMM_ALLREDUCE_MODEL_CACHE": "off"})
+    for rank in _ranks(tmp_path, crowded):
+        assert rank["auto"] == ["ordered_tcp"], rank
+        assert {"ordered", "pipelined", "ordered_tcp", "mpi", "ring"} <= set(rank["fastest"])
+    if local_core_count() >= 2:
+        roomy = tmp_path / "roomy"
+        roomy.mkdir()
+        run_mpi(2, CANDIDATES, tmp_path, timeout=180, args=[str(roomy)],
+                env={"DLCOMM_ALLREDUCE_MODEL_CACHE": "off"})
+        for rank in _ranks(roomy, 2):
+            assert rank["auto"] == ["ordered", "ordered_tcp", "pipelined"], rank
+
+
 def test_cache_off_measures_every_job(tmp_path: Path) -> None:
     env = {"DLCOMM_ALLREDUCE_MODEL_CACHE": "off", "HOME": str(tmp_path)}
     for name in ("first", "second"):
