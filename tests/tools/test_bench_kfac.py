@@ -78,6 +78,8 @@ def test_a_tiny_run_trains_and_reports_accuracy_per_epoch(tmp_path: Path) -> Non
         assert run["ranks"] == 2 and len(run["iteration_s"]) == 4
         assert [e["epoch"] for e in run["epochs"]] == [1, 2]
         assert all(0.0 <= e["accuracy"] <= 1.0 for e in run["epochs"])
+        assert all(e["cpu_s"] > 0 for e in run["epochs"])  # rank 0's CPU time per epoch
+        assert result["summary"][framework]["cpu_per_iteration_s"] > 0
     if "kfac-pytorch" in result["rounds"]:  # the same training, to rounding
         ours = [e["accuracy"] for e in result["rounds"]["dlcomm"][0]["epochs"]]
         peer = [e["accuracy"] for e in result["rounds"]["kfac-pytorch"][0]["epochs"]]

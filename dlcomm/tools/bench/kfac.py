@@ -4,8 +4,9 @@ A driver (not run under ``dlcommrun``): each round starts one job per framework 
 ranks (``dlcomm.tools.bench.kfac_job``), on shared memory or on an emulated cluster, with the same
 model, data, batch and hyper-parameters; the order of the frameworks alternates from round
 to round. It prints, per framework, the time per training iteration (mean over the timed
-iterations, which include the periodic inverse updates, and the median) and the held-out
-accuracy after each epoch, and kfac-pytorch's time over dlcomm's.
+iterations, which include the periodic inverse updates, and the median), rank 0's CPU time
+per step (every thread of its process: where ranks share cores, the time that decides) and
+the held-out accuracy after each epoch, and kfac-pytorch's time over dlcomm's.
 
     pip install --no-deps --target /work/peers/kfac-site /work/peers/kfac-pytorch
     dlcomm bench kfac --np 4 --peer-path /work/peers/kfac-site --repeats 3
@@ -115,21 +116,32 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
         out[framework] = {"iteration_mean_s": statistics.median(means),
                           "iteration_median_s": statistics.median(medians),
                           "rounds_mean_s": means, "accuracy": accuracy,
+                          "cpu_per_iteration_s": _cpu_per_iteration(rounds),
                           "epoch_train_s": [statistics.median(r["epochs"][e]["train_s"]
                                                               for r in rounds)
                                             for e in range(epochs)]}
     return out
 
 
+def _cpu_per_iteration(rounds: list[dict[str, Any]]) -> float | None:
+    """Median over rounds of rank 0's process CPU time per training step (None for runs
+    that did not record it)."""
+    per_round = [sum(e["cpu_s"] for e in r["epochs"]) / sum(e["steps"] for e in r["epochs"])
+                 for r in rounds if all("cpu_s" in e and e.get("steps") for e in r["epochs"])]
+    return statistics.median(per_round) if per_round else None
+
+
 def format_summary(summary: dict[str, dict[str, Any]], np_: int, emulate: str | None) -> str:
     where = f"emulated {emulate}" if emulate else "shared memory"
     lines = [f"K-FAC, {np_} ranks, {where}",
-             f"{'framework':>14} {'ms/iter (mean)':>15} {'ms/iter (median)':>17}  "
-             "held-out accuracy per epoch"]
+             f"{'framework':>14} {'ms/iter (mean)':>15} {'ms/iter (median)':>17} "
+             f"{'CPU ms/iter':>12}  held-out accuracy per epoch"]
     for framework, row in summary.items():
         acc = " ".join(f"{a:.4f}" for a in row["accuracy"])
+        cpu = row.get("cpu_per_iteration_s")
+        cpu_text = "-" if cpu is None else f"{1e3 * cpu:.1f}"
         lines.append(f"{framework:>14} {1e3 * row['iteration_mean_s']:>15.1f} "
-                     f"{1e3 * row['iteration_median_s']:>17.1f}  {acc}")
+                     f"{1e3 * row['iteration_median_s']:>17.1f} {cpu_text:>12}  {acc}")
     if "kfac-pytorch" in summary and "dlcomm" in summary:
         peer, ours = summary["kfac-pytorch"], summary["dlcomm"]
         ratio = peer["iteration_mean_s"] / ours["iteration_mean_s"]

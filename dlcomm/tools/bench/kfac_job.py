@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -133,6 +134,13 @@ def _start_torch_distributed(args: argparse.Namespace) -> tuple[int, int]:
     return rank, size
 
 
+def _process_cpu_s() -> float:
+    """CPU seconds this rank's process used so far, all its threads (user and system): where
+    ranks share cores, what one rank spends the others wait for."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.peer_path:
@@ -209,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         perm = np.random.default_rng(args.seed + epoch).permutation(len(x_train))
         mine = perm[rank::size][:steps * args.batch_size]
         barrier()
-        epoch_start = time.perf_counter()
+        epoch_start, cpu_start = time.perf_counter(), _process_cpu_s()
         loss_sum = 0.0
         for i in range(steps):
             start = time.perf_counter()
@@ -222,11 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             if epoch > 0 or i >= args.warmup:
                 iteration_s.append(time.perf_counter() - start)
             loss_sum += loss.item()
-        epoch_s = time.perf_counter() - epoch_start
+        epoch_s, cpu_s = time.perf_counter() - epoch_start, _process_cpu_s() - cpu_start
         model.eval()
         with torch.no_grad():
             predicted = model(torch.from_numpy(x_test)).argmax(1).numpy()
-        epochs.append({"epoch": epoch + 1, "train_s": epoch_s, "steps": steps,
+        epochs.append({"epoch": epoch + 1, "train_s": epoch_s, "cpu_s": cpu_s, "steps": steps,
                        "loss": loss_sum / steps,
                        "accuracy": float((predicted == y_test).mean())})
         if rank == 0:
