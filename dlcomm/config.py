@@ -172,10 +172,11 @@ KNOBS: tuple[Knob, ...] = (
          "How the engine's ranks agree on what is ready each round: 'mpi' (MPI's "
          "non-blocking all-reduce, tested between sleeps), 'tcp' (over the TCP mesh: the "
          "wait sleeps in a socket read and wakes when the last rank's words arrive) or "
-         "'auto': 'tcp' where some machine runs more ranks than it has cores, else 'mpi'. "
-         "Each test between sleeps costs 25-30 microseconds of CPU here, taken from the "
-         "ranks being waited for where they share cores (docs/collectives.md). Where the "
-         "mesh cannot connect, MPI carries it."),
+         "'auto': 'tcp' where some machine runs more ranks than it has cores and the ranks "
+         "span several hosts (the emulated cluster), else 'mpi'. Each test between sleeps "
+         "costs 18-27 microseconds of CPU here, taken from the ranks being waited for where "
+         "they share cores (docs/collectives.md). Where the mesh cannot connect, MPI "
+         "carries it."),
     Knob("allreduce_segment_bytes", 1 << 20, parse_bytes,
          "Largest message of the pipelined all-reduce (suffixes k, M allowed); raised where a "
          "block would have more than 32 segments. The same on every rank.",

@@ -15,9 +15,9 @@ on the same machines skip the measurement.
   ``hierarchical``, whose results depend on the message size and on where a tensor sits in
   a fused buffer: with 3 or more ranks, schedules and fusion thresholds then no longer give
   bit-identical models (docs/collectives.md).
-- Where some machine runs more ranks than it has cores, ``auto`` keeps only its candidate
-  over the TCP mesh (when it connects): idle ranks cannot show what MPI's waits cost busy
-  ones.
+- Where some machine runs more ranks than it has cores and the ranks span several hosts,
+  ``auto`` keeps only its candidate over the TCP mesh (when it connects): idle ranks cannot
+  show what MPI's waits cost busy ones.
 
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ from dlcomm.collectives.pipelined import (
 )
 from dlcomm.collectives.reduction import reduction_ufunc
 from dlcomm.collectives.ring import ring_allreduce, ring_tcp_allreduce
-from dlcomm.comm.machine import cores_oversubscribed
+from dlcomm.comm.machine import crowded_across_hosts
 from dlcomm.comm.mesh_communicator import mesh_communicator
 from dlcomm.ops import ReduceOp
 
@@ -95,11 +95,12 @@ class AutoAllreduce:
         if (any(c in ("ordered_tcp", "ring_tcp") for c in names)
                 and mesh_communicator(self.comm, environ) is None):  # off, or not connected
             names = [c for c in names if c not in ("ordered_tcp", "ring_tcp")]
-        if set(names) <= set(DETERMINISTIC_CANDIDATES) and cores_oversubscribed(self.comm):
-            # The probe runs on idle ranks. In training, ranks that share cores are busy, and
-            # every test of an MPI wait takes CPU from the rank being waited for; the mesh's
-            # threads sleep in the kernel until the bytes arrive (docs/collectives.md). Among
-            # candidates with the same bits only the time changes; `fastest` measures all.
+        if set(names) <= set(DETERMINISTIC_CANDIDATES) and crowded_across_hosts(self.comm):
+            # The probe runs on idle ranks. In training, ranks that share cores are busy: every
+            # test of an MPI wait takes CPU from the rank being waited for, and between hosts
+            # MPI moves bytes only inside those tests. The mesh's threads sleep in the kernel
+            # until the bytes arrive (docs/collectives.md). Among candidates with the same
+            # bits only the time changes; `fastest` measures all.
             names = [c for c in names if c in MESH_CANDIDATES] or names
         unknown = sorted(set(names) - set(functions))
         if unknown:

@@ -3,7 +3,9 @@
 Where a machine runs more ranks than it has cores (a laptop, this project's 2-core VM, the
 emulated cluster, whose hosts are network namespaces of one kernel), a rank that spends CPU
 waiting takes it from the ranks it waits for. The launcher sizes thread pools by the core
-count; the engine and ``auto`` then prefer transports whose waits sleep in the kernel.
+count. Where such ranks also reach each other over a network, MPI moves their bytes only
+inside the tests of a waiting rank: the engine and ``auto`` then use the TCP mesh, whose
+waits sleep in the kernel.
 """
 from __future__ import annotations
 
@@ -54,7 +56,17 @@ def oversubscribed(ranks: Iterable[tuple[str, Sequence[int]]]) -> bool:
                for machine, count in ranks_per_machine.items())
 
 
-def cores_oversubscribed(comm: Any) -> bool:
-    """Whether the ranks of ``comm`` outnumber the cores of some machine they run on.
-    Collective (an all-gather); every rank gets the same answer."""
-    return oversubscribed(comm.allgather((machine_id(), usable_cpus())))
+def oversubscribed_across_hosts(ranks: Sequence[tuple[str, Sequence[int], str]]) -> bool:
+    """True if some machine runs more ranks than its cores and the ranks span several hosts
+    (host names), given each rank's ``(machine_id(), usable_cpus(), host name)``."""
+    return (len({host for _, _, host in ranks}) > 1
+            and oversubscribed((machine, cpus) for machine, cpus, _ in ranks))
+
+
+def crowded_across_hosts(comm: Any) -> bool:
+    """``oversubscribed_across_hosts`` for the ranks of ``comm``: where the TCP mesh pays
+    (K-FAC on the emulated 4x1gbit ran faster with it; on one crowded host, over MPI's
+    shared memory, it did not: docs/collectives.md). Collective (an all-gather); every rank
+    gets the same answer."""
+    return oversubscribed_across_hosts(
+        comm.allgather((machine_id(), usable_cpus(), socket.gethostname())))

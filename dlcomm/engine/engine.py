@@ -25,7 +25,7 @@ from dlcomm.collectives.registry import (
 )
 from dlcomm.collectives.selection import built_model
 from dlcomm.comm.counting import ByteCounter
-from dlcomm.comm.machine import cores_oversubscribed
+from dlcomm.comm.machine import crowded_across_hosts
 from dlcomm.comm.mesh_communicator import mesh_communicator, mesh_setting
 from dlcomm.comm.mpi_backend import MPICommunicator, dumps, loads
 from dlcomm.comm.polling import wait_polling
@@ -387,13 +387,13 @@ def _control_communicator(control: Any, negotiation: str) -> Any:
     """What the negotiation runs on (``DLCOMM_NEGOTIATION``): ``control`` itself (MPI), or
     ``control`` over a TCP mesh, whose waits sleep in the kernel. MPI's waits are tests
     between sleeps, and each test takes CPU from the ranks being waited for where they share
-    cores: ``auto`` picks the mesh there. Collective."""
+    cores: ``auto`` picks the mesh where such ranks span several hosts. Collective."""
     if not isinstance(control, MPICommunicator) or control.size < 2 or negotiation == "mpi":
         return control  # an elastic job's control communicator is a TCP mesh already
     if negotiation == "tcp" and mesh_setting() == "off":
         raise ValueError("DLCOMM_NEGOTIATION=tcp negotiates over the TCP mesh, which "
                          "DLCOMM_TCP_MESH=off turns off: set one of them differently")
-    if negotiation == "auto" and not cores_oversubscribed(control):
+    if negotiation == "auto" and not crowded_across_hosts(control):
         return control
     return mesh_communicator(control) or control  # a mesh that cannot connect: MPI
 

@@ -52,8 +52,11 @@ def test_first_job_measures_later_jobs_read_the_cache(np_ranks: int, tmp_path: P
 
 
 CANDIDATES = r"""
-import json, sys
+import json, os, socket, sys
 from mpi4py import MPI
+if os.environ.get("PRETEND_HOSTS"):  # one pretend host per rank, all on this machine
+    rank = MPI.COMM_WORLD.Get_rank()
+    socket.gethostname = lambda: f"pretend-host-{rank}"
 from dlcomm.collectives import cached_auto_allreduce
 from dlcomm.collectives.selection import ANY_CANDIDATES
 
@@ -65,24 +68,27 @@ with open(f"{sys.argv[1]}/rank{comm.Get_rank()}.json", "w") as f:
 """
 
 
-def test_auto_keeps_the_mesh_where_ranks_outnumber_the_cores(tmp_path: Path) -> None:
-    """Idle ranks cannot show what MPI's waits cost busy ones that share cores: there ``auto``
-    measures only its mesh candidate; ``fastest`` still measures every algorithm."""
+def test_auto_keeps_the_mesh_where_crowded_ranks_span_hosts(tmp_path: Path) -> None:
+    """Idle ranks cannot show what MPI's waits cost busy ones that share cores: with more
+    ranks than cores on several hosts ``auto`` measures only its mesh candidate; on one host,
+    or with a core per rank, all three; ``fastest`` measures every algorithm."""
     from dlcomm.comm.machine import local_core_count
 
     crowded = local_core_count() + 1
-    run_mpi(crowded, CANDIDATES, tmp_path, timeout=180, args=[str(tmp_path)],
-            env={"DLCOMM_ALLREDUCE_MODEL_CACHE": "off"})
-    for rank in _ranks(tmp_path, crowded):
-        assert rank["auto"] == ["ordered_tcp"], rank
-        assert {"ordered", "pipelined", "ordered_tcp", "mpi", "ring"} <= set(rank["fastest"])
+    cases = [(crowded, True, ["ordered_tcp"]),
+             (crowded, False, ["ordered", "ordered_tcp", "pipelined"])]
     if local_core_count() >= 2:
-        roomy = tmp_path / "roomy"
-        roomy.mkdir()
-        run_mpi(2, CANDIDATES, tmp_path, timeout=180, args=[str(roomy)],
-                env={"DLCOMM_ALLREDUCE_MODEL_CACHE": "off"})
-        for rank in _ranks(roomy, 2):
-            assert rank["auto"] == ["ordered", "ordered_tcp", "pipelined"], rank
+        cases.append((2, True, ["ordered", "ordered_tcp", "pipelined"]))
+    for i, (np_ranks, pretend_hosts, want) in enumerate(cases):
+        out = tmp_path / f"case{i}"
+        out.mkdir()
+        env = {"DLCOMM_ALLREDUCE_MODEL_CACHE": "off"}
+        if pretend_hosts:
+            env["PRETEND_HOSTS"] = "1"
+        run_mpi(np_ranks, CANDIDATES, tmp_path, timeout=180, args=[str(out)], env=env)
+        for rank in _ranks(out, np_ranks):
+            assert rank["auto"] == want, (np_ranks, pretend_hosts, rank)
+            assert {"ordered", "pipelined", "ordered_tcp", "mpi", "ring"} <= set(rank["fastest"])
 
 
 def test_cache_off_measures_every_job(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """``DLCOMM_NEGOTIATION``: the engine negotiates over MPI or over the TCP mesh with the same
-results, ``auto`` follows whether ranks outnumber the cores, and a rank waiting for a late peer
-over the mesh spends no CPU on the wait."""
+results, ``auto`` picks the mesh where ranks outnumber the cores and span several hosts, and a
+rank waiting for a late peer over the mesh spends no CPU on the wait."""
 from __future__ import annotations
 
 import json
@@ -10,11 +10,14 @@ import pytest
 from mpi_run import run_mpi
 
 TRAINING_LIKE = r"""
-import hashlib, json, sys
+import hashlib, json, os, socket, sys
 import numpy as np
+if os.environ.get("PRETEND_HOSTS"):  # one pretend host per rank, all on this machine
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    socket.gethostname = lambda: f"pretend-host-{rank}"
 import dlcomm
 from dlcomm import runtime
-from dlcomm.comm.machine import cores_oversubscribed
+from dlcomm.comm.machine import crowded_across_hosts
 from dlcomm.comm.mesh_communicator import MeshCommunicator
 
 dlcomm.init()
@@ -35,7 +38,7 @@ for step in range(3):  # the second and third steps hit the response cache
     h.update(np.asarray(dlcomm.broadcast(b, root_rank=p - 1, name=f"b.{step}")).tobytes())
 with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
     json.dump({"digest": h.hexdigest(), "mesh": isinstance(control, MeshCommunicator),
-               "oversubscribed": cores_oversubscribed(runtime.state().comm)}, f)
+               "crowded": crowded_across_hosts(runtime.state().comm)}, f)
 dlcomm.shutdown()
 """
 
@@ -59,25 +62,25 @@ def test_mpi_and_tcp_negotiation_give_the_same_results(np_ranks: int, tmp_path: 
     assert found["mpi"] == found["tcp"]
 
 
-def test_auto_negotiates_over_the_mesh_where_ranks_outnumber_the_cores(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pretend_hosts, extra_ranks, mesh", [
+    (True, 1, True),  # more ranks than cores, on several hosts: the emulated cluster
+    (False, 1, False),  # more ranks than cores on one host: MPI's shared memory
+    (True, 0, False),  # a core per rank
+])
+def test_auto_negotiates_over_the_mesh_where_crowded_ranks_span_hosts(
+        pretend_hosts: bool, extra_ranks: int, mesh: bool, tmp_path: Path) -> None:
     from dlcomm.comm.machine import local_core_count
 
-    np_ranks = local_core_count() + 1  # more ranks than this machine's cores
-    run_mpi(np_ranks, TRAINING_LIKE, tmp_path, timeout=180, args=[str(tmp_path)],
-            env={"DLCOMM_NEGOTIATION": "auto"})
+    np_ranks = local_core_count() + extra_ranks
+    if np_ranks < 2:
+        pytest.skip("needs 2 ranks")
+    env = {"DLCOMM_NEGOTIATION": "auto"}
+    if pretend_hosts:
+        env["PRETEND_HOSTS"] = "1"
+    run_mpi(np_ranks, TRAINING_LIKE, tmp_path, timeout=180, args=[str(tmp_path)], env=env)
     ranks = _ranks(tmp_path, np_ranks)
-    assert all(rank["oversubscribed"] and rank["mesh"] for rank in ranks), ranks
-
-
-def test_auto_keeps_mpi_where_every_rank_has_a_core(tmp_path: Path) -> None:
-    from dlcomm.comm.machine import local_core_count
-
-    if local_core_count() < 2:
-        pytest.skip("needs a machine with 2 cores for 2 ranks")
-    run_mpi(2, TRAINING_LIKE, tmp_path, timeout=180, args=[str(tmp_path)],
-            env={"DLCOMM_NEGOTIATION": "auto"})
-    ranks = _ranks(tmp_path, 2)
-    assert all(not rank["oversubscribed"] and not rank["mesh"] for rank in ranks), ranks
+    assert all(rank["crowded"] == mesh and rank["mesh"] == mesh for rank in ranks), ranks
+    assert len({rank["digest"] for rank in ranks}) == 1
 
 
 CONFLICT = r"""

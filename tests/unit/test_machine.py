@@ -1,7 +1,13 @@
 """``dlcomm.comm.machine``: which ranks share a machine's cores."""
 from __future__ import annotations
 
-from dlcomm.comm.machine import local_core_count, machine_id, oversubscribed, usable_cpus
+from dlcomm.comm.machine import (
+    local_core_count,
+    machine_id,
+    oversubscribed,
+    oversubscribed_across_hosts,
+    usable_cpus,
+)
 
 
 def test_more_ranks_than_cores_on_one_machine() -> None:
@@ -20,6 +26,13 @@ def test_one_crowded_machine_is_enough() -> None:
     ranks = [("a", (0, 1, 2, 3))] * 2 + [("b", (0,))] * 3
     assert oversubscribed(ranks)
     assert not oversubscribed(ranks[:3])
+
+
+def test_the_mesh_pays_only_where_crowded_ranks_span_hosts() -> None:
+    emulated = [("m", (0, 1), f"h{i}") for i in range(4)]  # 4 hosts of one 2-core kernel
+    assert oversubscribed_across_hosts(emulated)
+    assert not oversubscribed_across_hosts([("m", (0, 1), "h")] * 4)  # one host: shared memory
+    assert not oversubscribed_across_hosts(emulated[:2])  # a core per rank
 
 
 def test_this_process_is_described() -> None:
