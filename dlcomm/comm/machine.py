@@ -65,8 +65,7 @@ def oversubscribed_across_hosts(ranks: Sequence[tuple[str, Sequence[int], str]])
 
 def crowded_across_hosts(comm: Any) -> bool:
     """``oversubscribed_across_hosts`` for the ranks of ``comm``: where the TCP mesh pays
-    (K-FAC on the emulated 4x1gbit ran faster with it; on one crowded host, over MPI's
-    shared memory, it did not: docs/collectives.md). Collective (an all-gather); every rank
-    gets the same answer."""
+    (on one crowded host MPI's shared memory does better; docs/collectives.md). Collective
+    (an all-gather); every rank gets the same answer."""
     return oversubscribed_across_hosts(
         comm.allgather((machine_id(), usable_cpus(), socket.gethostname())))
