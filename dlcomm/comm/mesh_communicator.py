@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from dlcomm.comm.mpi_backend import MPICommunicator, _displacements
+from dlcomm.comm.tcp_communicator import TcpCommunicator
 from dlcomm.comm.tcp_mesh import MeshError, TcpMesh, Transfer
 
 TCP_MESH_ENV = "DLCOMM_TCP_MESH"  # "auto" (default): offered to the cost model; "off": never
@@ -26,6 +27,8 @@ class MeshCommunicator(MPICommunicator):
     def __init__(self, base: MPICommunicator, mesh: TcpMesh) -> None:
         super().__init__(base.comm)
         self.mesh = mesh
+        # The elastic jobs' communicator over the same mesh: its negotiation methods.
+        self._control = TcpCommunicator(mesh)
 
     def __repr__(self) -> str:
         return f"MeshCommunicator(rank={self.rank}, size={self.size})"
@@ -63,30 +66,15 @@ class MeshCommunicator(MPICommunicator):
         self.mesh.exchange({}, {source: buf})
 
     # --- control path (negotiation), when the engine negotiates over the mesh --------------
-    def iallreduce_band(self, words: np.ndarray) -> _Completed:
-        """Bitwise-AND all-reduce of ``words`` (uint64), in place: every rank's words are
-        all-gathered and combined here. Done when it returns; the wait sleeps in the
-        kernel's socket reads instead of testing MPI between sleeps (docs/collectives.md)."""
-        if words.size and self.size > 1:
-            gathered = np.empty((self.size, words.size), dtype=words.dtype)
-            gathered[self.rank] = words
-            others = [p for p in range(self.size) if p != self.rank]
-            self.mesh.exchange(dict.fromkeys(others, words), {p: gathered[p] for p in others})
-            np.bitwise_and.reduce(gathered, axis=0, out=words)
-        return _COMPLETED
+    def iallreduce_band(self, words: np.ndarray) -> Any:
+        """Bitwise-AND all-reduce of ``words`` (uint64), in place, over the mesh; done when
+        it returns. The wait sleeps in the kernel's socket reads instead of testing MPI
+        between sleeps (docs/collectives.md)."""
+        return self._control.iallreduce_band(words)
 
     def allgather_bytes(self, payload: bytes) -> list[bytes]:
-        """Every rank's byte string (any length), in rank order: the lengths, then the
-        bytes."""
-        me = self.rank
-        others = [p for p in range(self.size) if p != me]
-        sizes = np.empty(self.size, dtype=np.int64)
-        sizes[me] = len(payload)
-        self.mesh.exchange(dict.fromkeys(others, sizes[me:me + 1]),
-                           {p: sizes[p:p + 1] for p in others})
-        parts = {p: np.empty(int(sizes[p]), dtype=np.uint8) for p in others}
-        self.mesh.exchange(dict.fromkeys(others, np.frombuffer(payload, dtype=np.uint8)), parts)
-        return [bytes(payload) if p == me else parts[p].tobytes() for p in range(self.size)]
+        """Every rank's byte string (any length), in rank order, over the mesh."""
+        return self._control.allgather_bytes(payload)
 
     def start_exchange(self, sends: list[tuple[int, np.ndarray]],
                        recvs: list[tuple[int, np.ndarray]]) -> Transfer:
@@ -125,18 +113,6 @@ def mesh_communicator(comm: MPICommunicator,
 
     built = comm.cached(("tcp_mesh",), build)
     return None if isinstance(built, _NoMesh) else built
-
-
-class _Completed:
-    """A request that completed before it was returned."""
-
-    __slots__ = ()
-
-    def test(self) -> bool:
-        return True
-
-
-_COMPLETED = _Completed()
 
 
 class _NoMesh:
