@@ -27,15 +27,18 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
-def parse_choice(value: object, valid: tuple[str, ...], *, what: str, source: str) -> str:
+def parse_choice(value: object, valid: tuple[str, ...], *, what: str,
+                 source: str | None = None) -> str:
     """``value`` lower-cased and stripped if it is one of ``valid``; else ``TypeError`` (not a
-    str) or ``ValueError`` naming ``what``, where it came from (``source``) and the choices."""
+    str) or ``ValueError`` naming ``what``, where it came from (``source``, when given) and
+    the choices."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str (one of {', '.join(valid)}) or None, got "
                         f"{type(value).__name__}")
     name = value.strip().lower()
     if name not in valid:
-        raise ValueError(f"unknown {what} {value!r} ({source}); valid: {', '.join(valid)}")
+        where = f" ({source})" if source else ""
+        raise ValueError(f"unknown {what} {value!r}{where}; valid: {', '.join(valid)}")
     return name
 
 
@@ -61,6 +64,9 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise ValueError(f"must be > 0, got {text!r}")
     return value
+
+
+NEGOTIATIONS = ("auto", "mpi", "tcp")
 
 
 def _positive_int(text: str) -> int:
@@ -168,7 +174,7 @@ KNOBS: tuple[Knob, ...] = (
          "1.8-2x as long under 'block' (docs/collectives.md). 'block' saves up to 0.3 ms "
          "per message on idle cores.",
          where="MPICommunicator"),
-    Knob("negotiation", "auto", str,
+    Knob("negotiation", "auto", lambda t: parse_choice(t, NEGOTIATIONS, what="negotiation"),
          "How the engine's ranks agree on what is ready each round: 'mpi' (MPI's "
          "non-blocking all-reduce, tested between sleeps), 'tcp' (over the TCP mesh: the "
          "wait sleeps in a socket read and wakes when the last rank's words arrive) or "
@@ -321,8 +327,6 @@ KNOBS: tuple[Knob, ...] = (
          "probes and is never declared lost."),
 )
 
-NEGOTIATIONS = ("auto", "mpi", "tcp")
-
 # Knobs read where they are used (compression, collectives), not by init().
 _NOT_INIT = frozenset(k.name for k in KNOBS if k.where != "init")
 
@@ -397,10 +401,6 @@ def load_config(env: Mapping[str, str] | None = None, **overrides: Any) -> Confi
             values[knob.name] = knob.parse(str(raw)) if not isinstance(raw, bool) else raw
         except ValueError as exc:
             raise ValueError(f"bad value {raw!r} for {source}: {exc}") from None
-    values["negotiation"] = parse_choice(
-        values["negotiation"], NEGOTIATIONS, what="negotiation",
-        source="argument negotiation=" if overrides.get("negotiation") is not None
-        else "environment variable DLCOMM_NEGOTIATION")
     if values["backend"] not in {"auto", "mpi", "nccl"}:
         raise ValueError(
             f"bad backend {values['backend']!r} (DLCOMM_BACKEND / backend=); "
