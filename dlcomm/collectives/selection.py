@@ -92,9 +92,9 @@ class AutoAllreduce:
         hosts = self.comm.allgather(socket.gethostname())
         names = [c for c in candidates if c != "hierarchical"
                  or 1 < len(set(hosts)) < len(hosts)]  # it needs hosts with several ranks
-        if (any(c in ("ordered_tcp", "ring_tcp") for c in names)
+        if (any(c in MESH_CANDIDATES for c in names)
                 and mesh_communicator(self.comm, environ) is None):  # off, or not connected
-            names = [c for c in names if c not in ("ordered_tcp", "ring_tcp")]
+            names = [c for c in names if c not in MESH_CANDIDATES]
         if set(names) <= set(DETERMINISTIC_CANDIDATES) and crowded_across_hosts(self.comm):
             # The probe runs on idle ranks. In training, ranks that share cores are busy: every
             # test of an MPI wait takes CPU from the rank being waited for, and between hosts
@@ -167,7 +167,7 @@ def auto_reduce_scatter(comm: CommLike, sendbuf: np.ndarray, recvbuf: np.ndarray
     MPI. Returns ``recvbuf``."""
     model = built_model(comm)
     nbytes = int(np.asarray(sendbuf).nbytes)
-    if model is not None and model.choose(nbytes) in ("ordered_tcp", "ring_tcp"):
+    if model is not None and model.choose(nbytes) in MESH_CANDIDATES:
         return ordered_tcp_reduce_scatter(comm, sendbuf, recvbuf, counts, op)
     return ordered_reduce_scatter(comm, sendbuf, recvbuf, counts, op)
 

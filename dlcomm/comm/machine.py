@@ -18,12 +18,6 @@ from typing import Any
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
-def local_core_count() -> int:
-    """Cores this process may run on (affinity-aware), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def machine_id() -> str:
@@ -42,6 +36,11 @@ def usable_cpus() -> tuple[int, ...]:
         return tuple(sorted(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - non-Linux
         return tuple(range(os.cpu_count() or 1))
+
+
+def local_core_count() -> int:
+    """Cores this process may run on (affinity-aware), at least 1."""
+    return max(1, len(usable_cpus()))
 
 
 def oversubscribed(ranks: Iterable[tuple[str, Sequence[int]]]) -> bool:
