@@ -80,6 +80,38 @@ def test_dlcp_without_congestion_loses_nothing_and_congestion_slows_everyone() -
     assert 0.0 <= congested.details["lost_fraction"] <= 0.1
 
 
+def test_mean_slowest_rate_by_hand() -> None:
+    trace = CongestionTrace(3, 1e9, ((), ((1.0, 1.0, 1e8),), ((1.5, 2.0, 5e8),)))
+    assert trace.mean_slowest_rate(0.0, 1.0) == pytest.approx(1e9)
+    assert trace.mean_slowest_rate(0.5, 1.5) == pytest.approx((0.5 * 1e9 + 0.5 * 1e8) / 1.0)
+    # [1, 2): host 1 at 1e8; [2, 3.5): host 2 at 5e8; then the base rate
+    assert trace.mean_slowest_rate(1.0, 4.0) == pytest.approx((1e8 + 1.5 * 5e8 + 0.5 * 1e9) / 3)
+    assert trace.mean_slowest_rate(1.2, 1.2) == 1e8  # an empty window: the rate there
+
+
+def test_congested_bsp_drains_the_bytes_at_the_rate_of_each_moment() -> None:
+    """A burst inside an iteration costs the bytes it did not move, not a whole iteration
+    at the burst's rate (the emulator's links slow down and recover mid-exchange)."""
+    from dlcomm.tools.simulate.network import CostParams
+    from dlcomm.tools.simulate.workload import Layer, Tensor, Workload
+
+    base = 1e9
+    w = Workload("one", 8, (Layer("fc", 0.0, 0.0, (Tensor("w", (25_000_000,)),)),), 0.0)
+    net = Network(Topology(2), CostParams(beta=8.0 / base))
+    dense = Method.parse("dense", algorithm="ring")
+    quiet = predict(w, dense, net, GPU).iteration_s  # all of it on the wire: 100 MB / 2
+    burst = CongestionTrace(2, base, ((), ((0.1, 0.2, 1e8),)))  # inside the first iteration
+    first = predict(w, dense, net, GPU, congestion=burst, iterations=1).iteration_s
+    # 0.2 s at a tenth of the rate moves 0.18 s' worth of bytes less
+    assert first == pytest.approx(quiet + 0.2 * (1 - 0.1), rel=2e-3)
+    always = CongestionTrace(2, base, ((), ((0.0, 1e6, 1e8),)))
+    slow = predict(w, dense, net, GPU, congestion=always, iterations=3).iteration_s
+    assert slow == pytest.approx(10 * quiet, rel=2e-3)
+    steady = predict(w, dense, net, GPU, congestion=CongestionTrace.steady(2, base),
+                     iterations=3).iteration_s
+    assert steady == pytest.approx(quiet)
+
+
 def test_traces_are_seeded_and_shaped() -> None:
     a = StragglerTrace.markov_stragglers(16, 100, slow_fraction=0.25, seed=2)
     b = StragglerTrace.markov_stragglers(16, 100, slow_fraction=0.25, seed=2)

@@ -360,8 +360,11 @@ def seed_dlcp() -> SeedResult:
         "p = 0.1 and 0.3 against the engine's overlapped ring all-reduce",
         "up to 1.84x (\"84.3% additional acceleration\")", 1.843,
         f"{min(gains.values()):.2f}-{top:.2f}x", top,
-        "Not reproduced beyond a few percent in one case (slower in most), as on the "
-        "emulated cluster (README: level, or a gain the lossless ring shares). dlcomm's DLCP "
+        "Not reproduced: slower in every case, as on the emulated cluster (README: level, "
+        "or a gain the lossless ring shares). The lossless ring keeps moving bytes through "
+        "a burst at the congested rate and catches up after it (the model drains each "
+        "iteration's bytes at the rate of each moment, as the emulated links measured). "
+        "dlcomm's DLCP "
         "works at the application: it may stop waiting "
         "for at most p of the bytes, but the other 1-p still cross the congested link, the "
         "late chunks are drained before the next exchange, and the exchange does not overlap "

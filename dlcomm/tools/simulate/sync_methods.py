@@ -202,23 +202,62 @@ def simulate_dlcp(workload: Workload, method: Method, network: Network,
     return LossyRun(result, float(np.mean(lost)))
 
 
+# Simulated rates an iteration under congestion is interpolated between (simulate_congested_bsp)
+CONGESTION_GRID = 33
+
+
 def simulate_congested_bsp(workload: Workload, method: Method, network: Network,
                            make_messages: MessageFactory, congestion: CongestionTrace,
                            iterations: int) -> IterationResult:
-    """The lossless engine path under the same congestion: each iteration at the rate of the
-    slowest link when its communication starts (a ring is as fast as its slowest edge)."""
-    cache: dict[float, IterationResult] = {}
+    """The lossless engine path under the same congestion. A ring (and the mesh's
+    all-to-all) runs at its slowest edge's rate, and that rate may change while an iteration
+    communicates: each iteration runs at the slowest rate averaged over its own
+    communication window (from the end of forward to its end; the bytes drain at whatever
+    rate holds at each moment), found by bisection on the iteration's length. An iteration
+    at a rate between the trace's is interpolated in seconds per byte between
+    ``CONGESTION_GRID`` simulated ones (its time is piecewise linear in them)."""
+    rates = [congestion.base_rate] + [r for host in congestion.periods for _, _, r in host]
+    fast, slow = 8.0 / max(rates), 8.0 / min(rates)  # seconds per byte
+    grid: dict[int, IterationResult] = {}
+
+    def point(i: int) -> IterationResult:
+        if i not in grid:
+            beta = fast + (slow - fast) * i / (CONGESTION_GRID - 1)
+            net = network.with_params(beta=beta)
+            grid[i] = simulate_bsp(workload, method, make_messages(method, net))
+        return grid[i]
+
+    def at(rate: float) -> tuple[float, float, float, float]:
+        """(iteration, channel busy, link bytes, payload bytes) at ``rate`` bit/s."""
+        x = 0.0 if slow == fast else (8.0 / rate - fast) / (slow - fast) * (CONGESTION_GRID - 1)
+        i = min(max(int(x), 0), CONGESTION_GRID - 2)
+        w = min(max(x - i, 0.0), 1.0)
+        a, b = point(i), point(i + 1) if w > 0 else point(i)
+        return tuple((1 - w) * u + w * v for u, v in (  # type: ignore[return-value]
+            (a.iteration_s, b.iteration_s), (a.comm_busy_s, b.comm_busy_s),
+            (a.link_bytes, b.link_bytes), (a.payload_bytes, b.payload_bytes)))
+
     clock, times, busy, link, payload = 0.0, [], 0.0, 0.0, 0.0
     start_offset = workload.forward_s
     for _ in range(iterations):
-        slowest = min(congestion.rates(clock + start_offset))
-        if slowest not in cache:
-            net = network.with_params(beta=8.0 / slowest)
-            cache[slowest] = simulate_bsp(workload, method, make_messages(method, net))
-        r = cache[slowest]
-        times.append(r.iteration_s)
-        busy, link, payload = busy + r.comm_busy_s, link + r.link_bytes, payload + r.payload_bytes
-        clock += r.iteration_s
+        start = clock + start_offset
+        first = min(congestion.rates(start))
+        r = at(first)
+        if abs(congestion.mean_slowest_rate(start, clock + r[0]) - first) > 1e-9 * first:
+            # the rate changes inside the window. The length at the mean rate over
+            # [start, clock + T], less T: > 0 for T near 0 (the rate at the start alone),
+            # <= 0 at the length at the trace's slowest rate
+            low, high = 0.0, at(8.0 / slow)[0]
+            for _ in range(40):
+                mid = (low + high) / 2
+                if at(congestion.mean_slowest_rate(start, clock + mid))[0] > mid:
+                    low = mid
+                else:
+                    high = mid
+            r = at(congestion.mean_slowest_rate(start, clock + high))
+        times.append(r[0])
+        busy, link, payload = busy + r[1], link + r[2], payload + r[3]
+        clock += r[0]
     n = len(times)
     return IterationResult(sum(times) / n, workload.compute_s, busy / n, link / n, payload / n,
                            tuple(times))

@@ -9,7 +9,10 @@ generated for clusters the emulator cannot hold (``markov_stragglers``); or read
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
+import itertools
 import json
 import math
 from pathlib import Path
@@ -110,24 +113,60 @@ class StragglerTrace:
 @dataclasses.dataclass(frozen=True)
 class CongestionTrace:
     """Each host's link runs at ``base_rate`` bit/s except during its congested periods
-    (start, duration in seconds), when it runs at that period's rate."""
+    (start, duration in seconds, rate; sorted by start), when it runs at that period's
+    rate."""
 
     hosts: int
     base_rate: float
     periods: tuple[tuple[tuple[float, float, float], ...], ...]  # per host: start, dur, rate
 
+    @functools.cached_property
+    def _index(self) -> tuple[tuple[tuple[float, ...], tuple[float, ...]], ...]:
+        """Per host: the periods' starts, and the latest end of any period up to each."""
+        out = []
+        for host in self.periods:
+            ends = list(itertools.accumulate((s + d for s, d, _ in host), max))
+            out.append((tuple(s for s, _, _ in host), tuple(ends)))
+        return tuple(out)
+
+    def _overlapping(self, host: int, t0: float, t1: float) -> list[tuple[float, float, float]]:
+        """(start, end, rate) of host ``host``'s periods that overlap ``[t0, t1]``."""
+        starts, latest_end = self._index[host]
+        out = []
+        i = bisect.bisect_right(starts, t1)
+        while i > 0 and latest_end[i - 1] > t0:
+            i -= 1
+            start, duration, rate = self.periods[host][i]
+            if start + duration > t0:
+                out.append((start, start + duration, rate))
+        return out
+
     def rate(self, host: int, t: float) -> float:
-        """Host ``host``'s link rate in bit/s at time ``t``."""
-        for start, duration, rate in self.periods[host]:
-            if start <= t < start + duration:
-                return rate
-            if start > t:
-                break
-        return self.base_rate
+        """Host ``host``'s link rate in bit/s at time ``t`` (the lowest of its periods there,
+        should two overlap)."""
+        return self._rate_in(self._overlapping(host, t, t), t)
+
+    def _rate_in(self, spans: list[tuple[float, float, float]], t: float) -> float:
+        covering = [rate for start, end, rate in spans if start <= t < end]
+        return min(covering) if covering else self.base_rate
 
     def rates(self, t: float) -> list[float]:
         """Every host's rate at ``t``."""
         return [self.rate(h, t) for h in range(self.hosts)]
+
+    def mean_slowest_rate(self, t0: float, t1: float) -> float:
+        """The slowest host's rate averaged over ``[t0, t1]`` (bits a ring moves per second
+        there: it runs at its slowest edge's rate); the rate at ``t0`` when ``t1 <= t0``."""
+        if t1 <= t0:
+            return min(self.rates(t0))
+        spans = [self._overlapping(h, t0, t1) for h in range(self.hosts)]
+        edges = sorted({t0, t1} | {e for host in spans for s, end, _ in host
+                                   for e in (s, end) if t0 < e < t1})
+        bits = 0.0
+        for a, b in zip(edges, edges[1:]):
+            mid = (a + b) / 2
+            bits += (b - a) * min(self._rate_in(host, mid) for host in spans)
+        return bits / (t1 - t0)
 
     @classmethod
     def steady(cls, hosts: int, base_rate: str | float) -> CongestionTrace:
