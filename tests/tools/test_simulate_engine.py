@@ -374,6 +374,28 @@ def test_compression_on_the_device_delays_the_iteration() -> None:
     assert shared > own_core >= w.compute_s
 
 
+def test_ranks_sharing_cores_stretch_compression_not_the_wire() -> None:
+    tensors = [Tensor(f"t{i}", (300, 300)) for i in range(3)] + [Tensor("b", (300,))]
+    net = Network(Topology(4), preset_params("1gbe"))
+    for text in ("dense", "topk:ratio=0.01", "powersgd:rank=4", "fp16"):
+        method = Method.parse(text)
+        alone = MessageModel(method, net, GPU).group(tensors)
+        shared = MessageModel(method, net, GPU, cpu_share=2.5).group(tensors)
+        assert shared.compute_s == pytest.approx(2.5 * alone.compute_s)
+        assert shared.seconds - shared.compute_s == pytest.approx(
+            alone.seconds - alone.compute_s)  # the collectives cost the same
+        assert shared.link_bytes == alone.link_bytes
+    w = workload_from_description(describe("mnist-mlp"), 32, GPU)
+    method = Method.parse("topk:ratio=0.01")
+    assert predict(w, method, net, GPU, cpu_share=2).iteration_s > \
+        predict(w, method, net, GPU).iteration_s
+    assert predict(w, Method.parse("dense"), net, GPU, cpu_share=2).iteration_s == \
+        predict(w, Method.parse("dense"), net, GPU).iteration_s
+    for bad in (0.5, 0, float("nan"), True, "2"):
+        with pytest.raises(ValueError, match="cpu_share must be a number >= 1"):
+            predict(w, method, net, GPU, cpu_share=bad)
+
+
 def test_model_zoo_parameter_counts() -> None:
     known = {"resnet50": 25_557_032, "resnet101": 44_549_160, "resnet152": 60_192_808,
              "vgg16": 138_357_544, "alexnet": 61_100_840, "bert-base": 109_482_240,

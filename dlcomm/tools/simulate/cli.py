@@ -73,6 +73,10 @@ def _add_method_args(p: argparse.ArgumentParser) -> None:
                    "'dssync:group_size=2', lbbsp, 'loss_tolerance=0.1' (default: dense)")
     g.add_argument("--compressor-costs", metavar="JSON", help="measured compression costs "
                    "(`dlcomm simulate calibrate --compressors`)")
+    g.add_argument("--cpu-share", type=float, default=1.0, metavar="X",
+                   help="ranks per core where a machine runs more ranks than cores: "
+                   "forward, backward, the update and compression take X times longer "
+                   "(default 1: a core or a device each)")
     g.add_argument("--compression-own-core", action="store_true",
                    help="compression runs beside training without slowing it (default: it "
                    "shares the device)")
@@ -155,6 +159,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("files", nargs="+", metavar="JSON", help="campaign run files")
     p.add_argument("--params", required=True, metavar="JSON", help="calibrated parameters")
     p.add_argument("--compressor-costs", metavar="JSON")
+    p.add_argument("--machine-cores", type=int, default=None, metavar="N",
+                   help="cores of the machine the runs shared, for run files that do not "
+                   "record it (machine_cores): where ranks outnumber them, CPU work measured "
+                   "alone is stretched by ranks / cores")
     _add_outputs(p)
     p.set_defaults(func=run_validate)
 
@@ -276,6 +284,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 def run_predict(args: argparse.Namespace) -> int:
     """Handler of ``dlcomm simulate predict``."""
     from dlcomm.tools.simulate.compressors import load_measured_costs
+    from dlcomm.tools.simulate.messages import check_cpu_share
     from dlcomm.tools.simulate.methods import Method
     from dlcomm.tools.simulate.network import Network, Topology
     from dlcomm.tools.simulate.predict import predict
@@ -283,6 +292,9 @@ def run_predict(args: argparse.Namespace) -> int:
 
     device = _device(args)
     workload = _workload(args, device)
+    if args.cpu_share != 1.0:
+        check_cpu_share(args.cpu_share)
+        workload = workload.scaled(args.cpu_share, update=True)
     params = _params(args)
     methods = [Method.parse(m) for m in (args.method or ["dense"])]
     costs = load_measured_costs(args.compressor_costs) if args.compressor_costs else None
@@ -303,7 +315,8 @@ def run_predict(args: argparse.Namespace) -> int:
             pred = predict(workload, method, network, device, measured_costs=costs,
                            stragglers=stragglers, congestion=congestion,
                            iterations=args.iterations, global_every=args.global_every,
-                           compression_on_device=not args.compression_own_core)
+                           compression_on_device=not args.compression_own_core,
+                           cpu_share=args.cpu_share)
             rows.append(pred.to_dict())
     text = _table(rows)
     print(f"{workload.name}, batch {workload.batch_size} per worker, compute "
@@ -418,7 +431,10 @@ def run_validate(args: argparse.Namespace) -> int:
     data = json.loads(Path(args.params).read_text())
     params = CostParams.from_dict(data.get("params", data))
     costs = load_measured_costs(args.compressor_costs) if args.compressor_costs else None
-    rows = validate(load_runs(args.files), params, measured_costs=costs)
+    if args.machine_cores is not None and args.machine_cores < 1:
+        raise ValueError(f"--machine-cores must be >= 1, got {args.machine_cores}")
+    rows = validate(load_runs(args.files), params, measured_costs=costs,
+                    machine_cores=args.machine_cores)
     if not rows:
         raise ValueError("no multi-rank runs among the files")
     text = format_validation(rows)

@@ -24,6 +24,7 @@ all-gather among the hosts in which every rank of a host crosses at once
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
@@ -76,14 +77,27 @@ GROUP_KINDS = {(REDUCE_SCATTER, HOST): HOST_REDUCE_SCATTER, (ALLGATHER, HOST): H
 MGWFBP_PROBE_BYTES = (4 << 10, 64 << 10, 512 << 10, 2 << 20)
 
 
+def check_cpu_share(value: float) -> float:
+    """``value`` as a float >= 1 (how many times longer a process's CPU work takes than
+    alone); ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 1:
+        raise ValueError(f"cpu_share must be a number >= 1 (ranks per core where ranks "
+                         f"outnumber cores; 1 where each has a core), got {value!r}")
+    return float(value)
+
+
 class MessageModel:
     """Costs of messages under ``method`` on ``network``, with compression on ``device``
-    (sharing it with training when ``compression_on_device``)."""
+    (sharing it with training when ``compression_on_device``). ``cpu_share`` >= 1 stretches
+    the compression's cost, measured or estimated for one process alone, where ranks
+    outnumber a machine's cores (``predict``'s argument)."""
 
     def __init__(self, method: Method, network: Network, device: Device,
                  measured_costs: Mapping[str, MeasuredCost] | None = None,
-                 compression_on_device: bool = True) -> None:
+                 compression_on_device: bool = True, cpu_share: float = 1.0) -> None:
         self.method = method
+        self.cpu_share = check_cpu_share(cpu_share)
         self.compression_on_device = bool(compression_on_device)
         self.network = network
         self.device = device
@@ -152,8 +166,8 @@ class MessageModel:
         return self.collective(ALLREDUCE, nbytes)
 
     def _compute(self, tensor: Tensor) -> float:
-        return self.compressor.compute_seconds(tensor, self.network.workers, self.device,
-                                               self.measured_costs, self._shards)
+        return self.cpu_share * self.compressor.compute_seconds(
+            tensor, self.network.workers, self.device, self.measured_costs, self._shards)
 
     @property
     def _shards(self) -> int:
