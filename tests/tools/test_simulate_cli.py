@@ -302,6 +302,56 @@ def test_validation_predicts_with_the_algorithm_the_run_set(tmp_path: Path) -> N
     assert predicted["ordered"] > predicted["ring"]
 
 
+def test_measured_time_is_the_steady_state_after_the_first_epoch(tmp_path: Path) -> None:
+    result = demo_result(2, [40, 45], 0.3)
+    # 10 steps per epoch: the first epoch 9 s (start-up), then 3 s each; 15 s / 30 steps
+    result.update(epoch_seconds=[9.0, 3.0, 3.0], step_seconds=0.5)
+    setup = {"model": "mnist-mlp", "batch_size": 32, "heterogeneity": "", "method": "dense",
+             "emulate": "2x1gbit", "slots_per_host": 1}
+    (run,) = load_runs([write_run(tmp_path / "a.json", setup, result)])
+    assert run.steady_step_seconds == pytest.approx(0.3)
+    (row,) = validate([run], PARAMS)
+    assert row["measured_s"] == pytest.approx(0.3)
+    result.update(epoch_seconds=[4.0], step_seconds=0.4)  # one epoch: all of it
+    (run,) = load_runs([write_run(tmp_path / "b.json", setup, result)])
+    assert run.steady_step_seconds == pytest.approx(0.4)
+
+
+def test_cpu_work_measured_alone_is_stretched_where_ranks_outnumber_cores(
+        tmp_path: Path) -> None:
+    base = {"model": "mnist-mlp", "batch_size": 32, "heterogeneity": "",
+            "emulate": "4x1gbit", "slots_per_host": 1}
+    ref = write_run(tmp_path / "ref.json", {**base, "emulate": "", "method": "dense"},
+                    demo_result(1, [40.0], 0.05))  # its update: 4 ms alone
+    result = demo_result(4, [40, 45, 50, 41], 0.3)
+    rows = {}
+    for cores in (None, 4, 2, 1):
+        setup = {**base, "method": "topk:ratio=0.01"}
+        if cores is not None:
+            setup["machine_cores"] = cores
+        path = write_run(tmp_path / f"topk_{cores}.json", setup, result)
+        (rows[cores],) = validate(load_runs([ref, path]), PARAMS)
+    assert [rows[c]["cpu_share"] for c in (None, 4, 2, 1)] == [1.0, 1.0, 2.0, 4.0]
+    assert rows[None]["predicted_s"] == rows[4]["predicted_s"]
+    assert rows[4]["predicted_s"] < rows[2]["predicted_s"] < rows[1]["predicted_s"]
+    # the option fills in files that do not record the machine; a file's own value wins
+    runs = load_runs([ref, tmp_path / "topk_None.json", tmp_path / "topk_4.json"])
+    by_source = {r["source"]: r for r in validate(runs, PARAMS, machine_cores=2)}
+    assert by_source[str(tmp_path / "topk_None.json")]["cpu_share"] == 2.0
+    assert by_source[str(tmp_path / "topk_4.json")]["cpu_share"] == 1.0
+    bad = write_run(tmp_path / "bad.json", {**base, "method": "dense", "machine_cores": 0},
+                    result)
+    with pytest.raises(ValueError, match="machine_cores must be an int >= 1"):
+        validate(load_runs([bad]), PARAMS)
+
+
+def test_validation_jobs_record_the_machine_cores(tmp_path: Path) -> None:
+    from dlcomm.comm.machine import local_core_count
+
+    jobs = campaign.validation_jobs(tmp_path, quick=True)
+    assert {j.setup["machine_cores"] for j in jobs} == {local_core_count()}
+
+
 def test_run_jobs_wraps_each_result_with_its_setup(tmp_path: Path) -> None:
     result = tmp_path / "r.json"
     write = f"import json; json.dump([{{'ranks': 1}}], open({str(result)!r}, 'w'))"

@@ -13,7 +13,8 @@ again) and records it in its setup as ``allreduce_algorithm``.
   ``4x1gbit``, ``8x1gbit`` and ``2x1gbit`` with 2 slots per host, all at the same sizes;
   each bench JSON is wrapped with its setup.
 * validation: ``examples/torch_mnist.py --phase-times --json`` for every method on the same
-  clusters (and a one-rank run per model for the optimizer step), with ``auto`` unless
+  clusters (and one-rank runs: per model, for the optimizer step; per compressor, for its
+  cost in the training path with a core to itself), with ``auto`` unless
   the method names another algorithm, each wrapped with the setup ``dlcomm simulate
   validate`` needs.
 
@@ -35,6 +36,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from dlcomm.comm.machine import local_core_count
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "examples" / "torch_mnist.py"
@@ -116,6 +119,16 @@ def calibration_jobs(out: Path, *, quick: bool = False) -> list[Job]:
     return jobs
 
 
+# The compressors validated, each also run on one rank: its cost in the training path alone.
+COMPRESSORS = ("fp16", "topk:ratio=0.01", "gtopk:ratio=0.01", "randomk:ratio=0.01",
+               "powersgd:rank=4", "acpsgd:rank=4", "efsignsgd", "signum", "qsgd:levels=16")
+
+
+def _slug(method: str) -> str:
+    """A method as part of a job name."""
+    return method.replace(":", "_").replace("=", "").replace(" ", "_").replace(",", "_")
+
+
 def _methods(workers: int, quick: bool) -> list[tuple[str, list[str], dict[str, str]]]:
     """(simulator method, demo arguments, environment) for every method at ``workers``; a
     method that names no algorithm runs the engine's default, ``auto``."""
@@ -128,8 +141,7 @@ def _methods(workers: int, quick: bool) -> list[tuple[str, list[str], dict[str, 
             for a in ("ring", "rhd", "tree", "hierarchical")]
     out += [(f"dense schedule={s}", ["--schedule", s], default)
             for s in ("none", "mgwfbp", "dear")]
-    for spec in ("fp16", "topk:ratio=0.01", "gtopk:ratio=0.01", "randomk:ratio=0.01",
-                 "powersgd:rank=4", "acpsgd:rank=4", "efsignsgd", "signum", "qsgd:levels=16"):
+    for spec in COMPRESSORS:
         out.append((spec, ["--compression", spec], default))
     if workers >= 4:
         out.append(("dssync:group_size=2", ["--sync", "dssync:group_size=2"], default))
@@ -141,6 +153,7 @@ def validation_jobs(out: Path, *, quick: bool = False, model: str = "mlp") -> li
     epochs = "2" if quick else "3"
     demo = [sys.executable, str(DEMO), "--no-progress", "--phase-times", "--epochs", epochs]
     zoo = {"mlp": "mnist-mlp", "cnn": "mnist-cnn"}
+    cores = local_core_count()  # the emulated hosts share this machine's cores
     jobs: list[Job] = []
 
     def add(name: str, emulate: str | None, slots: int, np_: int, method: str,
@@ -152,21 +165,23 @@ def validation_jobs(out: Path, *, quick: bool = False, model: str = "mlp") -> li
             "--model", model_, "--batch-size", str(batch), *args, "--json", str(path)]
         setup = {"emulate": emulate or "", "slots_per_host": slots, "model": zoo[model_],
                  "method": method, "heterogeneity": hetero, "batch_size": batch,
-                 "allreduce_algorithm": env[ALGORITHM_ENV]}
+                 "allreduce_algorithm": env[ALGORITHM_ENV], "machine_cores": cores}
         jobs.append(Job(name, tuple(cmd), tuple(env.items()), path, setup))
 
     default = {ALGORITHM_ENV: DEFAULT_ALGORITHM}
     models = [(model, 32)] + ([] if quick else [("cnn", 256)])
     for m, batch in models:
         add(f"reference_{m}{batch}", None, 1, 1, "dense", [], default, m, batch)
+    for spec in (() if quick else COMPRESSORS):  # compression's cost with a core to itself
+        add(f"reference_{model}32_{_slug(spec)}", None, 1, 1, spec, ["--compression", spec],
+            default, model, 32)
     clusters = [("2x1gbit", 1)] if quick else list(CLUSTERS)
     for spec, slots in clusters:
         hosts = int(spec.split("x")[0])
         workers = hosts * slots
         tag = f"{spec}x{slots}"
         for method, args, env in _methods(workers, quick):
-            safe = method.replace(":", "_").replace("=", "").replace(" ", "_").replace(",", "_")
-            add(f"{tag}_{model}_{safe}", spec, slots, 0, method, args, env, model, 32)
+            add(f"{tag}_{model}_{_slug(method)}", spec, slots, 0, method, args, env, model, 32)
         if quick:
             continue
         # LB-BSP against BSP with host 1 at half compute speed (docs/heterogeneity.md's setup)

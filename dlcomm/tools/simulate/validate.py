@@ -10,8 +10,20 @@ of the run: the method's unless the method string names one, which must then agr
 without it are predicted with the engine's default, ``auto``). The prediction uses the
 calibrated network, the model's tensors, and the computation measured in the run itself
 (each rank's median forward+backward from ``--phase-times``: BSP waits for the slowest; with a
-``compute=`` straggler, the fastest rank's time per sample and the emulator's speeds), and
-the optimizer step of the one-rank reference run of the same model.
+``compute=`` straggler, the fastest rank's time per sample and the emulator's speeds; under
+DeAR, whose forward waits for its all-gathers, the CPU time of forward+backward at the
+rank's share of a core), and
+the optimizer step of the one-rank reference run of the same model. A compressor costs what
+it adds to that step in a one-rank run with it (``reference_mlp32_topk_ratio0.01``: the
+training path's compression, error feedback, decompression and copies, with a core to
+itself), else what the compression benchmark measured (``--compressor-costs``).
+
+The emulated cluster runs every rank on one machine. Where the ranks outnumber its cores
+(``machine_cores`` in the setup, or given), the work measured for one process alone (the
+compressors' costs, the reference's optimizer step) is stretched by ranks / cores: each
+rank gets that share of a core (``cpu_share``). The measured time per iteration is the
+steady state: the epochs after the first (which holds start-up and ``auto``'s first
+measurement), as the simulator drops its warm-up iterations.
 """
 from __future__ import annotations
 
@@ -29,6 +41,7 @@ from dlcomm.tools.simulate.model_zoo import describe, workload_from_description
 from dlcomm.tools.simulate.network import CostParams, Network, Topology, parse_rate
 from dlcomm.tools.simulate.predict import predict
 from dlcomm.tools.simulate.traces import CongestionTrace, StragglerTrace
+from dlcomm.tools.simulate.workload import Tensor
 
 TARGET_ERROR = 0.15  # issue 26: within 15% for every method at 2-8 emulated hosts
 _EMULATE_RE = re.compile(r"^\s*(\d+)x(.+)$", re.IGNORECASE)
@@ -46,6 +59,28 @@ class Run:
     def ranks(self) -> int:
         """Ranks of the job."""
         return int(self.result["ranks"])
+
+    @property
+    def steady_step_seconds(self) -> float:
+        """Seconds per step over the epochs after the first (all of them with one epoch)."""
+        epochs = [float(e) for e in self.result.get("epoch_seconds") or ()]
+        overall = float(self.result["step_seconds"])
+        if len(epochs) < 2 or overall <= 0:
+            return overall
+        steps_per_epoch = sum(epochs) / overall / len(epochs)
+        return sum(epochs[1:]) / (steps_per_epoch * (len(epochs) - 1))
+
+    def cpu_share(self, machine_cores: int | None = None) -> float:
+        """How many times longer a rank's CPU work takes than alone: its ranks over the
+        machine's cores where they outnumber them (every rank of an emulated cluster runs on
+        one machine), else 1. The setup's ``machine_cores``, else ``machine_cores``, else 1."""
+        cores = self.setup.get("machine_cores", machine_cores)
+        if cores is None:
+            return 1.0
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise ValueError(f"{self.source}: machine_cores must be an int >= 1, got "
+                             f"{cores!r}")
+        return max(1.0, self.ranks / cores)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -98,8 +133,12 @@ def method_of(setup: Mapping[str, Any], source: str = "") -> Method:
 
 def predict_run(run: Run, params: CostParams, *, update_s: float | None = None,
                 device: Device | None = None,
-                measured_costs: Mapping[str, MeasuredCost] | None = None) -> dict[str, Any]:
-    """The measured and predicted seconds per iteration of one run."""
+                measured_costs: Mapping[str, MeasuredCost] | None = None,
+                machine_cores: int | None = None,
+                compression_s: float | None = None) -> dict[str, Any]:
+    """The measured and predicted seconds per iteration of one run (``update_s``: the
+    optimizer step of one process alone; ``compression_s``: what compression adds to it,
+    per step, alone; ``machine_cores``: see ``Run.cpu_share``)."""
     device = device or get_device("cpu-core")
     setup = run.setup
     topo, nominal_rate = _topology(setup, run.ranks)
@@ -112,12 +151,17 @@ def predict_run(run: Run, params: CostParams, *, update_s: float | None = None,
     steps = max(1, round(sum(run.result["epoch_seconds"]) / run.result["step_seconds"]))
     per_epoch = max(1, steps // max(int(run.result.get("epochs", 1)), 1))
     stragglers = congestion = None
+    share = run.cpu_share(machine_cores)
     if "compute=" in hetero:
         per_sample = min((p.get("before", 0.0) + p["compute"]) / max(p["samples"], 1.0)
                          for p in phases)
         compute = per_sample * batch
         stragglers = StragglerTrace.from_heterogeneity(hetero, topo.hosts,
                                                        topo.slots_per_host, steps)
+    elif method.schedule == "dear" and all("compute.cpu" in p for p in phases):
+        # DeAR's forward waits for its all-gathers, so its wall time holds communication
+        # the model adds itself: its CPU time, at the rank's share of a core, instead
+        compute = max(p.get("before.cpu", 0.0) + p["compute.cpu"] for p in phases) * share
     else:
         compute = max(p.get("before", 0.0) + p["compute"] for p in phases)
     if "congest=" in hetero:
@@ -126,33 +170,73 @@ def predict_run(run: Run, params: CostParams, *, update_s: float | None = None,
                                                    horizon_s=10 * steps)
         congestion = CongestionTrace(trace.hosts, trace.base_rate * efficiency, tuple(
             tuple((s, d, r * efficiency) for s, d, r in host) for host in trace.periods))
-    workload = base.with_compute(compute, base.update_s if update_s is None else update_s)
+    update = (base.update_s if update_s is None else update_s) * share
+    workload = base.with_compute(compute, update)
+    if compression_s is not None:
+        measured_costs = _with_compression_cost(measured_costs, method, workload.tensors,
+                                                compression_s)
     pred = predict(workload, method, network, device, measured_costs=measured_costs,
+                   cpu_share=share,
                    stragglers=stragglers, congestion=congestion, iterations=steps,
                    global_every=per_epoch if method.sync.kind == "dssync" else 0)
-    measured = float(run.result["step_seconds"])
+    measured = run.steady_step_seconds
     return {"source": run.source, "emulate": setup["emulate"], "hosts": topo.hosts,
             "slots_per_host": topo.slots_per_host, "model": model, "method": method.name,
             "heterogeneity": hetero, "measured_s": measured,
-            "predicted_s": pred.iteration_s, "compute_s": compute,
+            "predicted_s": pred.iteration_s, "compute_s": compute, "cpu_share": share,
             "relative_error": pred.iteration_s / measured - 1.0}
 
 
 def reference_updates(runs: Sequence[Run]) -> dict[tuple[str, int], float]:
-    """The optimizer step's median seconds of each one-rank reference run, by (model, batch)."""
+    """The optimizer step's median seconds of each dense one-rank reference run, by (model,
+    batch)."""
     out = {}
     for run in runs:
-        if run.ranks == 1:
+        if run.ranks == 1 and method_of(run.setup, run.source).compressor.is_dense:
             out[run.key] = _phase_seconds(run)[0]["step"]
     return out
 
 
+def reference_compression(runs: Sequence[Run]) -> dict[tuple[str, int, str], float]:
+    """Seconds per step a compressor adds to a one-rank run's optimizer step over the dense
+    reference's (compression, error feedback, decompression, the adapter's copies: its cost
+    in the training path with a core to itself), by (model, batch, compression spec)."""
+    dense = reference_updates(runs)
+    out = {}
+    for run in runs:
+        method = method_of(run.setup, run.source)
+        if run.ranks == 1 and not method.compressor.is_dense and run.key in dense:
+            step = _phase_seconds(run)[0]["step"]
+            out[(*run.key, method.compression)] = max(0.0, step - dense[run.key])
+    return out
+
+
+def _with_compression_cost(measured_costs: Mapping[str, MeasuredCost] | None, method: Method,
+                           tensors: Sequence[Tensor], seconds: float
+                           ) -> dict[str, MeasuredCost]:
+    """``measured_costs`` with the method's compressor costing ``seconds`` per step over the
+    tensors it compresses (spread per element)."""
+    costs = dict(measured_costs or {})
+    c = method.compressor
+    elements = sum(t.numel for t in tensors
+                   if c.applies_to(t, method.min_compress_size, method.compress_1d))
+    if elements:
+        costs[method.compression] = MeasuredCost(0.0, seconds / elements)
+    return costs
+
+
 def validate(runs: Sequence[Run], params: CostParams, *, device: Device | None = None,
-             measured_costs: Mapping[str, MeasuredCost] | None = None) -> list[dict[str, Any]]:
-    """A row per multi-rank run: measured, predicted, relative error."""
+             measured_costs: Mapping[str, MeasuredCost] | None = None,
+             machine_cores: int | None = None) -> list[dict[str, Any]]:
+    """A row per multi-rank run: measured, predicted, relative error. A compressor's cost
+    comes from its one-rank run where there is one (``reference_compression``), else from
+    ``measured_costs`` (the compression benchmark), else from the device's estimate."""
     updates = reference_updates(runs)
+    compression = reference_compression(runs)
     return [predict_run(run, params, update_s=updates.get(run.key), device=device,
-                        measured_costs=measured_costs)
+                        measured_costs=measured_costs, machine_cores=machine_cores,
+                        compression_s=compression.get(
+                            (*run.key, method_of(run.setup, run.source).compression)))
             for run in runs if run.ranks > 1]
 
 
