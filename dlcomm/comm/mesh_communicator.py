@@ -1,6 +1,5 @@
 """An ``MPICommunicator`` whose all-to-all, all-gather and blocking point-to-point messages
-travel over a ``TcpMesh``, and, as the engine's control communicator, its negotiation too;
-``MeshExchange``, the compressed exchange's rounds over the same mesh.
+travel over a ``TcpMesh``, and, as the engine's control communicator, its negotiation too.
 
 Everything else (barriers, broadcasts, non-blocking messages, small values) stays on MPI. The
 collective algorithms run on it unchanged: ``ordered`` over this communicator sends the same
@@ -82,45 +81,9 @@ class MeshCommunicator(MPICommunicator):
         """``TcpMesh.start``: queue messages now, ``wait()`` later (pipelined algorithms)."""
         return self.mesh.start(sends, recvs)
 
-    @property
-    def tcp(self) -> TcpCommunicator:
-        """The elastic jobs' communicator over the same mesh (negotiation, compressed
-        exchange)."""
-        return self._control
-
     def free(self) -> None:
         """Close the mesh; the MPI communicator belongs to ``base``'s owner."""
         self.mesh.close()
-
-
-class MeshExchange:
-    """``mesh`` as the compressed exchange's communicator: its rounds (``ExchangeComm``: the
-    all-reduce sum, the all-gather of arrays of any size, the send-receive) over the TCP
-    mesh, whose waits sleep in the kernel; host and peer splits (``htopk``) and everything
-    else on MPI, as before."""
-
-    def __init__(self, mesh: MeshCommunicator) -> None:
-        self.mpi = mesh
-        self.rank = mesh.rank
-        self.size = mesh.size
-
-    def __repr__(self) -> str:
-        return f"MeshExchange(rank={self.rank}, size={self.size})"
-
-    def __getattr__(self, name: str) -> Any:  # split, split_by_host, cached, ...
-        return getattr(self.mpi, name)
-
-    def allreduce_sum(self, arr: Any) -> Any:
-        """Element-wise sum over ranks, reduced in rank order (the same bits everywhere)."""
-        return self.mpi.tcp.allreduce_sum(arr)
-
-    def allgather(self, value: Any) -> list:
-        """Every rank's ``value`` in rank order."""
-        return self.mpi.tcp.allgather(value)
-
-    def sendrecv(self, arr: Any, peer: int) -> Any:
-        """Send 1-D ``arr`` to ``peer`` and return what ``peer`` sent."""
-        return self.mpi.tcp.sendrecv(arr, peer)
 
 
 def mesh_setting(environ: dict[str, str] | None = None) -> str:

@@ -32,12 +32,10 @@ class ProcessSetState:
         return self._nccl
 
     def exchange_comm(self) -> Any:
-        """The communicator unfused compressed exchange runs its rounds on: MPI's own
-        collectives, or the set's TCP mesh where its ranks outnumber a machine's cores and
-        span several hosts (``exchange_transport``). Collective on first use."""
+        """The communicator unfused compressed exchange runs its rounds on (MPI's own
+        all-reduce, as those rounds have always used)."""
         if self._exchange is None:
-            self._exchange = CountingCommunicator(exchange_transport(self.comm.plain),
-                                                  self.counter)
+            self._exchange = CountingCommunicator(self.comm.plain, self.counter)
         return self._exchange
 
     def set_rank(self, world_rank: int) -> int:
@@ -48,24 +46,3 @@ class ProcessSetState:
         """Release the set's communicator (collective over its members)."""
         if self.comm is not None:
             self.comm.free()
-
-
-def exchange_transport(plain: Any) -> Any:
-    """``plain`` (MPI's own collectives), or its rounds over ``plain``'s TCP mesh where
-    ranks outnumber a machine's cores and span several hosts, as the negotiation and
-    ``auto`` do there: MPI moves a round's bytes only while the waiting ranks test, and on
-    such a machine a small round cost 16 ms instead of 0.2 ms while the ranks computed
-    (docs/collectives.md). ``DLCOMM_TCP_MESH=off``, a mesh that cannot connect, one rank or
-    an elastic job's communicator: ``plain``. Collective."""
-    from dlcomm.comm.tcp_communicator import TcpCommunicator  # noqa: PLC0415 - no MPI
-
-    if plain.size < 2 or isinstance(plain, TcpCommunicator):
-        return plain
-    # The mesh modules import the MPI transport, which starts MPI: only for MPI jobs.
-    from dlcomm.comm.machine import crowded_across_hosts  # noqa: PLC0415
-    from dlcomm.comm.mesh_communicator import MeshExchange, mesh_communicator  # noqa: PLC0415
-
-    if not crowded_across_hosts(plain):
-        return plain
-    mesh = mesh_communicator(plain)
-    return plain if mesh is None else MeshExchange(mesh)
