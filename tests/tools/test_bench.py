@@ -449,6 +449,11 @@ CASES = {
                                  "--blocks", "2", "--json", f"{out}/exchange.json"),
     "roundtrip_failure": roundtrip_failure,
     "exchange_monitor": lambda: exchange("--monitor-host", "7", "-n", "2"),
+    # last: the engine's shutdown ends this script's use of it
+    "roundtrip_engine": lambda: main(["bench", "roundtrip", "--through", "engine", "--kernel",
+                                      "matmul", "--size", "64", "--bytes", "4000", "-n", "3",
+                                      "--rounds", "1", "--json",
+                                      f"{out}/roundtrip_engine.json"]),
 }
 for name, case in CASES.items():
     text = io.StringIO()
@@ -485,7 +490,16 @@ def test_roundtrip_bench_times_idle_and_computing_ranks(real_runs) -> None:
             assert 0 < r[state]["p10_ms"] <= r[state]["p50_ms"] <= r[state]["p90_ms"]
         assert r["ratio"] == pytest.approx(r["busy"]["p50_ms"] / r["idle"]["p50_ms"])
     table = runs[0]["stdout"]  # rank 0 prints the table
-    assert "| median |" in table and "4000 bytes, 2 ranks" in table, report
+    assert "| median |" in table and "MPI_Allreduce of 4000 bytes, 2 ranks" in table, report
+
+
+def test_roundtrip_bench_times_the_engines_allreduce_too(real_runs) -> None:
+    runs, report = real_run_case(real_runs, "roundtrip_engine")
+    assert [run["exit"] for run in runs] == [0, 0], report
+    (row,) = json.loads((real_runs[0] / "roundtrip_engine.json").read_text())
+    for state in ("idle", "busy"):
+        assert 0 < row[state]["p10_ms"] <= row[state]["p50_ms"] <= row[state]["p90_ms"]
+    assert "dlcomm.allreduce of 4000 bytes, 2 ranks" in runs[0]["stdout"], report
 
 
 def test_roundtrip_bench_reports_a_failed_compute_block_on_every_rank(real_runs) -> None:

@@ -7,11 +7,13 @@ rank computes. When the rank's host has no core to spare (one core per emulated 
 competes with the computing thread for the core; a waiting rank that yields
 (``--mca mpi_yield_when_idle 1``, which the emulated cluster sets) hands it the core until
 the next scheduler tick. This measures that cost on its own:
-the same ``MPI_Allreduce`` (blocking, as the engine's default path), in alternating
-rounds, with the ranks idle and with a compute block (the demo CNN's forward+backward, or a
-matrix product) looping in a second thread of every rank.
+the same ``MPI_Allreduce`` (blocking), in alternating rounds, with the ranks idle and with a
+compute block (the demo CNN's forward+backward, or a matrix product) looping in a second
+thread of every rank. ``--through engine`` times ``dlcomm.allreduce`` instead: a round of
+the engine (its negotiation and its data path, with their polling waits), as a training
+step's gradient pays it.
 
-    dlcommrun --emulate 2x1gbit --pin-hosts dlcomm bench roundtrip
+    dlcommrun --emulate 2x1gbit --pin-hosts dlcomm bench roundtrip [--through engine]
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -66,27 +69,45 @@ class _Computing:
         self._thread.join()
 
 
-def time_allreduces(comm: Any, nbytes: int, iters: int, pause: float) -> list[float]:
-    """Seconds of ``iters`` blocking float32 all-reduces of ``nbytes``, each started after a
-    barrier and followed by ``pause`` seconds (as steps are spaced by computation)."""
+def mpi_allreduce(comm: Any) -> Callable[[np.ndarray], Any]:
+    """A blocking ``MPI_Allreduce`` (sum, in place) on ``comm``."""
     from mpi4py import MPI  # noqa: PLC0415 - MPI start-up: importing mpi4py.MPI initialises MPI
 
+    return lambda buf: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+
+def engine_allreduce(buf: np.ndarray) -> Any:
+    """``dlcomm.allreduce`` under one name (after the first, a response-cache hit, as a
+    training step's gradient); needs ``dlcomm.init()``."""
+    import dlcomm  # noqa: PLC0415 - the engine only for --through engine
+
+    return dlcomm.allreduce(buf, name="roundtrip", op=dlcomm.Sum)
+
+
+def time_allreduces(comm: Any, nbytes: int, iters: int, pause: float,
+                    reduce: Callable[[np.ndarray], Any] | None = None) -> list[float]:
+    """Seconds of ``iters`` blocking float32 all-reduces of ``nbytes`` (``reduce``; default
+    MPI's), each started after a barrier and followed by ``pause`` seconds (as steps are
+    spaced by computation)."""
+    reduce = reduce or mpi_allreduce(comm)
     buf = np.ones(max(1, nbytes // 4), dtype=np.float32)
     times = []
     for _ in range(iters):
         comm.Barrier()
         start = time.perf_counter()
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        reduce(buf)
         times.append(time.perf_counter() - start)
         time.sleep(pause)
     return times
 
 
 def measure(comm: Any, block: Any, nbytes: int, iters: int, rounds: int,
-            pause: float = 0.005, settle: float = 0.2) -> list[dict[str, Any]]:
+            pause: float = 0.005, settle: float = 0.2,
+            reduce: Callable[[np.ndarray], Any] | None = None) -> list[dict[str, Any]]:
     """``rounds`` rounds of idle and busy (idle first in rounds 1, 3, ...); every rank
-    returns the rows with each all-reduce's time as the slowest rank's. A compute block that
-    fails on any rank raises the same RuntimeError on every rank."""
+    returns the rows with each all-reduce's time as the slowest rank's. ``reduce``: the
+    all-reduce timed (default MPI's). A compute block that fails on any rank raises the same
+    RuntimeError on every rank."""
     rows = []
     for r in range(rounds):
         row: dict[str, Any] = {"round": r + 1}
@@ -95,10 +116,10 @@ def measure(comm: Any, block: Any, nbytes: int, iters: int, rounds: int,
             if state == "busy":
                 with _Computing(block) as computing:
                     time.sleep(settle)  # the block is running before the first all-reduce
-                    mine = time_allreduces(comm, nbytes, iters, pause)
+                    mine = time_allreduces(comm, nbytes, iters, pause, reduce)
                 error = None if computing.error is None else repr(computing.error)
             else:
-                mine = time_allreduces(comm, nbytes, iters, pause)
+                mine = time_allreduces(comm, nbytes, iters, pause, reduce)
             gathered = comm.allgather((mine, error))
             failed = [(rank, e) for rank, (_, e) in enumerate(gathered) if e is not None]
             if failed:
@@ -143,6 +164,9 @@ def register(actions: argparse._SubParsersAction) -> None:
                    help="all-reduces per state and round (default 50)")
     p.add_argument("--rounds", type=count_arg(1), default=3, help="alternating rounds "
                    "(default 3)")
+    p.add_argument("--through", choices=("mpi", "engine"), default="mpi",
+                   help="mpi: a blocking MPI_Allreduce (default); engine: dlcomm.allreduce, "
+                   "the engine's negotiation and data path")
     p.add_argument("--json", default=None, metavar="PATH", help="rank 0 writes the rounds here")
     p.set_defaults(func=main)
 
@@ -152,11 +176,22 @@ def main(args: argparse.Namespace) -> int:
 
     require_kernel(args.kernel)
     comm = MPI.COMM_WORLD
-    rows = measure(comm, make_block(args.kernel, args.batch, args.size), args.bytes,
-                   args.iters, args.rounds)
+    block = make_block(args.kernel, args.batch, args.size)
+    if args.through == "engine":
+        import dlcomm  # noqa: PLC0415 - the engine only for --through engine
+
+        dlcomm.init()
+        try:
+            rows = measure(comm, block, args.bytes, args.iters, args.rounds,
+                           reduce=engine_allreduce)
+        finally:
+            dlcomm.shutdown()
+    else:
+        rows = measure(comm, block, args.bytes, args.iters, args.rounds)
     if comm.rank == 0:
-        print(f"dlcomm bench roundtrip: {args.bytes} bytes, {comm.size} ranks, compute block "
-              f"{block_description(args)}, {args.iters} all-reduces per state, "
+        through = "dlcomm.allreduce" if args.through == "engine" else "MPI_Allreduce"
+        print(f"dlcomm bench roundtrip: {through} of {args.bytes} bytes, {comm.size} ranks, "
+              f"compute block {block_description(args)}, {args.iters} all-reduces per state, "
               f"{args.rounds} rounds", flush=True)
         print(text_table(rows), end="", flush=True)
         if args.json:
