@@ -61,14 +61,18 @@ class Run:
         return int(self.result["ranks"])
 
     @property
+    def steps(self) -> int:
+        """Steps the run timed: its training seconds over its seconds per step."""
+        return max(1, round(sum(self.result["epoch_seconds"]) / self.result["step_seconds"]))
+
+    @property
     def steady_step_seconds(self) -> float:
         """Seconds per step over the epochs after the first (all of them with one epoch)."""
         epochs = [float(e) for e in self.result.get("epoch_seconds") or ()]
         overall = float(self.result["step_seconds"])
         if len(epochs) < 2 or overall <= 0:
             return overall
-        steps_per_epoch = sum(epochs) / overall / len(epochs)
-        return sum(epochs[1:]) / (steps_per_epoch * (len(epochs) - 1))
+        return sum(epochs[1:]) / (self.steps / len(epochs) * (len(epochs) - 1))
 
     def cpu_share(self, machine_cores: int | None = None) -> float:
         """How many times longer a rank's CPU work takes than alone: its ranks over the
@@ -148,7 +152,7 @@ def predict_run(run: Run, params: CostParams, *, update_s: float | None = None,
     base = workload_from_description(describe(model), batch, device)
     phases = _phase_seconds(run)
     hetero = str(setup.get("heterogeneity") or "")
-    steps = max(1, round(sum(run.result["epoch_seconds"]) / run.result["step_seconds"]))
+    steps = run.steps
     per_epoch = max(1, steps // max(int(run.result.get("epochs", 1)), 1))
     stragglers = congestion = None
     share = run.cpu_share(machine_cores)
