@@ -66,9 +66,6 @@ def _positive_float(text: str) -> float:
     return value
 
 
-NEGOTIATIONS = ("auto", "mpi", "tcp")
-
-
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -90,6 +87,8 @@ class Knob:
     def env(self) -> str:
         return "DLCOMM_" + self.name.upper()
 
+
+NEGOTIATIONS = ("auto", "mpi", "tcp")  # DLCOMM_NEGOTIATION
 
 KNOBS: tuple[Knob, ...] = (
     Knob("cycle_time", 1.0, _non_negative_float,

@@ -18,8 +18,6 @@ from typing import Any
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
-
-
 def machine_id() -> str:
     """The running kernel's boot id: the same for every process on one machine, also across
     containers and network namespaces (the emulated cluster's hosts), which share its cores;
