@@ -156,6 +156,13 @@ def run_rounds(
         pos = 0
         for t in summing:
             t.result, pos = sums[pos:pos + len(t.payloads)], pos + len(t.payloads)
+        gathering = [t for t in tensors
+                     if t.round_kind(r) == ALLGATHER and t.round_group(r) == WORLD]
+        gathered = allgather_batch(comm, [p.reshape(-1) for t in gathering for p in t.payloads])
+        pos = 0
+        for t in gathering:
+            mine, pos = gathered[pos:pos + len(t.payloads)], pos + len(t.payloads)
+            t.result = [list(per_rank) for per_rank in zip(*mine)]
         for t in tensors:
             kind = t.round_kind(r)
             if kind is None:
@@ -169,12 +176,12 @@ def run_rounds(
                 t.result = [reduce_scatter_sum(
                     sub, p, t.compressor.scatter_counts(p.size, sub.size, t.ctx))
                     for p in t.payloads]
-            elif kind == ALLGATHER:
-                gathered = [sub.allgather(p.reshape(-1)) for p in t.payloads]
-                t.result = [list(per_rank) for per_rank in zip(*gathered)]
+            elif kind == ALLGATHER and group != WORLD:
+                per_array = [sub.allgather(p.reshape(-1)) for p in t.payloads]
+                t.result = [list(per_rank) for per_rank in zip(*per_array)]
             elif kind == SPARSE_MERGE and not last:
                 t.result = sparse_tree_merge(t.compressor, t.payloads, t.ctx, sub)
-            elif kind != ALLREDUCE:
+            elif kind not in (ALLREDUCE, ALLGATHER):
                 raise ValueError(f"{t.compressor.name}: round {r} of kind {kind!r} is not "
                                  "supported")
             if not t.dense and not last:
@@ -189,6 +196,47 @@ def run_rounds(
             else:
                 op = "average" if average else "sum"
                 out.append((t.compressor.decompress_all(t.result, t.ctx, op), False))
+    return out
+
+
+# One all-gather's header: the array count, then (bytes, dtype number) per array, as int64.
+_ALIGN = 8  # each packed array starts on this boundary, so the views stay aligned
+
+
+def allgather_batch(comm: ExchangeComm, arrays: Sequence[Any]) -> list[list]:
+    """Every rank's copy of each 1-D array of ``arrays``, as ``[array][rank]``, in one
+    all-gather of all of them packed as bytes, instead of one all-gather (two collectives:
+    sizes, then bytes) per array. Every rank passes as many arrays with the same dtypes
+    (sizes may differ); a mismatch raises ``ValueError`` on every rank. Device (CuPy) arrays
+    go one by one, as ``comm.allgather`` stages them."""
+    if not arrays:
+        return []
+    if len(arrays) == 1 or not all(isinstance(a, np.ndarray) for a in arrays):
+        return [comm.allgather(a) for a in arrays]
+    header = np.array([len(arrays), *[v for a in arrays for v in (a.nbytes, a.dtype.num)]],
+                      dtype=np.int64)
+    offsets = [header.nbytes]
+    for a in arrays:
+        offsets.append(offsets[-1] + -(-a.nbytes // _ALIGN) * _ALIGN)
+    packed = np.zeros(offsets[-1], dtype=np.uint8)
+    packed[:header.nbytes] = header.view(np.uint8)
+    for a, at in zip(arrays, offsets):
+        packed[at:at + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+    per_rank = comm.allgather(packed)
+    out: list[list] = [[] for _ in arrays]
+    for rank, buf in enumerate(per_rank):
+        theirs = np.frombuffer(buf[:header.nbytes].tobytes(), dtype=np.int64)
+        if theirs.size != header.size or theirs[0] != header[0] or \
+                not np.array_equal(theirs[2::2], header[2::2]):
+            raise ValueError(
+                f"batched all-gather: this rank (rank {comm.rank}) sent {len(arrays)} arrays "
+                f"of dtypes {[a.dtype.name for a in arrays]}, rank {rank} sent others; every "
+                "rank must exchange the same tensors through the same compressor")
+        at = header.nbytes
+        for j, a in enumerate(arrays):
+            nbytes = int(theirs[1 + 2 * j])
+            out[j].append(buf[at:at + nbytes].view(a.dtype))
+            at += -(-nbytes // _ALIGN) * _ALIGN
     return out
 
 

@@ -1,13 +1,15 @@
 """Compressed all-reduce of one group (same process set, dtype and compressor spec), through
 compression's one round driver (``dlcomm.compression.exchange.run_rounds``).
 
-Summable compressors (every round an all-reduce): the payloads of every tensor in the group
-travel together, each round packed into as few fusion buffers as the threshold allows, over
-the process set's data communicator. Others run tensor by tensor
-(``compressed_allreduce``) on the set's exchange communicator.
+The tensors of the group travel together: each round's all-reduce payloads (and the dense
+tensors a compressor passes over) packed into as few fusion buffers as the threshold allows,
+its all-gather payloads into one all-gather. Summable compressors (every round an
+all-reduce) run on the process set's data communicator; the others on its exchange
+communicator (MPI's own), where merge and host-group rounds still go tensor by tensor.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -15,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dlcomm.array_api import array_namespace
-from dlcomm.compression.exchange import compressed_allreduce, run_rounds
+from dlcomm.compression.exchange import run_rounds
 from dlcomm.engine import fusion
 from dlcomm.engine.negotiation import Response
 from dlcomm.engine.operations.base import EngineState, Item, Operation
@@ -52,33 +54,36 @@ class CompressedAllreduce(Operation):
         self.state = state
 
     def execute(self, items: Sequence[Item]) -> None:
+        """Every tensor of the group through one ``run_rounds``: each round's all-reduces
+        summed in fusion buffers, its all-gathers packed into one all-gather."""
         for _, request in items:
             assert request is not None  # joined ranks are refused for compressed requests
-        if items[0][1].compressor.summable:
-            self._fused(items)
-        else:
-            for item in items:
-                self._one_by_one(*item)
-
-    def _fused(self, items: Sequence[Item]) -> None:
-        """Every round's payloads of every tensor summed together, fused."""
         sig = items[0][0].reference
-        comm = self.state.process_set(items[0][0]).data_comm(sig.device)
+        ps = self.state.process_set(items[0][0])
+        summable = items[0][1].compressor.summable
+        # Summable payloads ride the data communicator (the dense path's algorithms);
+        # all-gather and merge rounds run on MPI's own (``exchange_comm``).
+        comm = ps.data_comm(sig.device) if summable else ps.exchange_comm()
         timeline = self.state.timeline
         try:
-            tensors = [(response.name, request, name, src, out)
+            tensors = [(response.name, request.compressor, name, src, out)
                        for response, request in items
                        for name, src, out in _tensors(response, request)]
 
             def phase(index: int, name: str) -> AbstractContextManager:
                 return timeline.phase(tensors[index][0], name)
 
-            results = run_rounds([(t[1].compressor, t[3], t[2]) for t in tensors], comm,
-                                 sig.op == "average", lambda arrays: self._sum(arrays, comm),
-                                 phase)
-            scale = sig.postscale / (comm.size if sig.op == "average" else 1)
-            for (_, _, _, _, out), (value, _) in zip(tensors, results):
-                scale_into(value, scale, out)
+            communicate = contextlib.nullcontext() if summable else timeline.phase(
+                [response.name for response, _ in items], "communicate",
+                {"compression": sig.compression})
+            with communicate:
+                results = run_rounds([(t[1], t[3], t[2]) for t in tensors], comm,
+                                     sig.op == "average",
+                                     lambda arrays: self._sum(arrays, comm), phase)
+            average = sig.op == "average"
+            for (*_, out), (value, summed) in zip(tensors, results):
+                scale_into(value, sig.postscale / (comm.size if average and summed else 1),
+                           out)
         except PeerLostError:  # the job is broken: the engine stops and closes the mesh
             raise
         except Exception as exc:
@@ -101,26 +106,3 @@ class CompressedAllreduce(Operation):
             comm.allreduce(buf, buf, ReduceOp.SUM)
             fusion.unpack(buf, [out[i] for i in idx], offsets)
         return out
-
-    def _one_by_one(self, response: Response, request: Request) -> None:
-        """A compressor with all-gather or merge rounds: each tensor through its rounds."""
-        sig = response.reference
-        exchange = self.state.process_set(response).exchange_comm()
-        timeline = self.state.timeline
-
-        def phase(_: int, name: str) -> AbstractContextManager:  # inside "communicate"
-            return timeline.phase(response.name, name)
-
-        try:
-            for name, src, out in _tensors(response, request):
-                with timeline.phase(response.name, "communicate",
-                                    {"compression": sig.compression}):
-                    y = compressed_allreduce(request.compressor, src, name, exchange,
-                                             average=sig.op == "average", phase=phase)
-                scale_into(y, sig.postscale, out)
-        except PeerLostError:  # the job is broken: the engine stops and closes the mesh
-            raise
-        except Exception as exc:
-            request.handle.set_error(exc)
-            return
-        _complete(request)
