@@ -123,14 +123,16 @@ def run_rounds(
     compressed all-reduce, behind ``compressed_allreduce`` and the engine's fused path.
 
     ``items`` are ``(compressor, tensor, name)``; tensors a compressor does not compress
-    (``Compressor.compresses``) go dense in the first round. All-reduce rounds of every
-    tensor are summed together by ``sum_payloads(arrays) -> sums`` (default: one
-    ``comm.allreduce_sum`` per array; the
-    engine passes one that fuses them); all-gather, sparse-merge and reduce-scatter rounds,
-    and rounds over a HOST or PEER group (``Compressor.groups``: on sub-communicators from
-    ``topology.host_groups``, whose ``HostTopology`` the driver puts in ``ctx.topology``)
-    run per tensor, in order. ``phase(index, name)`` (optional) wraps each tensor's compress
-    and decompress, for the timeline. Returns ``(value, summed)`` per tensor: the sum over
+    (``Compressor.compresses``) go dense in the first round. In each round, the world's
+    all-reduce payloads of every tensor are summed together by ``sum_payloads(arrays) ->
+    sums`` (default: one ``comm.allreduce_sum`` per array; the engine passes one that fuses
+    them), its all-gather payloads travel in one packed all-gather (``allgather_batch``) and
+    its merge trees exchange every tensor's payloads in one message per step
+    (``sparse_tree_merge_batch``); reduce-scatter rounds and rounds over a HOST or PEER
+    group (``Compressor.groups``: on sub-communicators from ``topology.host_groups``, whose
+    ``HostTopology`` the driver puts in ``ctx.topology``) run per tensor, in order.
+    ``phase(index, name)`` (optional) wraps each tensor's compress and decompress, for the
+    timeline. Returns ``(value, summed)`` per tensor: the sum over
     ranks when ``summed`` (divide by ``comm.size`` to average), else already combined as
     ``average`` asks.
     """
@@ -163,6 +165,12 @@ def run_rounds(
         for t in gathering:
             mine, pos = gathered[pos:pos + len(t.payloads)], pos + len(t.payloads)
             t.result = [list(per_rank) for per_rank in zip(*mine)]
+        merging = [t for t in tensors if t.round_kind(r) == SPARSE_MERGE
+                   and t.round_group(r) == WORLD and r < len(t.compressor.rounds) - 1]
+        merged = sparse_tree_merge_batch([(t.compressor, t.payloads, t.ctx) for t in merging],
+                                         comm)
+        for t, result in zip(merging, merged):
+            t.result = result
         for t in tensors:
             kind = t.round_kind(r)
             if kind is None:
@@ -180,7 +188,8 @@ def run_rounds(
                 per_array = [sub.allgather(p.reshape(-1)) for p in t.payloads]
                 t.result = [list(per_rank) for per_rank in zip(*per_array)]
             elif kind == SPARSE_MERGE and not last:
-                t.result = sparse_tree_merge(t.compressor, t.payloads, t.ctx, sub)
+                if group != WORLD:  # the world's merges ran together above
+                    t.result = sparse_tree_merge(t.compressor, t.payloads, t.ctx, sub)
             elif kind not in (ALLREDUCE, ALLGATHER):
                 raise ValueError(f"{t.compressor.name}: round {r} of kind {kind!r} is not "
                                  "supported")
@@ -199,45 +208,73 @@ def run_rounds(
     return out
 
 
-# One all-gather's header: the array count, then (bytes, dtype number) per array, as int64.
+# A packed message's header: the array count, then (bytes, dtype number) per array, as int64.
 _ALIGN = 8  # each packed array starts on this boundary, so the views stay aligned
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _pack(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """``arrays`` (1-D numpy) as one uint8 buffer: the header, then each array's bytes."""
+    header = np.array([len(arrays), *[v for a in arrays for v in (a.nbytes, a.dtype.num)]],
+                      dtype=np.int64)
+    packed = np.zeros(header.nbytes + sum(_padded(a.nbytes) for a in arrays), dtype=np.uint8)
+    packed[:header.nbytes] = header.view(np.uint8)
+    at = header.nbytes
+    for a in arrays:
+        packed[at:at + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+        at += _padded(a.nbytes)
+    return packed
+
+
+def _unpack(buf: np.ndarray, like: Sequence[np.ndarray], what: str, rank: int,
+            source: int) -> list[np.ndarray]:
+    """The arrays another rank packed (views of ``buf``), checked to be as many as ``like``
+    with the same dtypes; ``ValueError`` naming both ranks otherwise."""
+    size = 8 * (1 + 2 * len(like))
+    theirs = np.frombuffer(buf[:size].tobytes(), dtype=np.int64)
+    if theirs.size != 1 + 2 * len(like) or theirs[0] != len(like) or \
+            any(int(theirs[2 + 2 * j]) != a.dtype.num for j, a in enumerate(like)):
+        raise ValueError(
+            f"{what}: this rank (rank {rank}) sent {len(like)} arrays of dtypes "
+            f"{[a.dtype.name for a in like]}, rank {source} sent others; every rank must "
+            "exchange the same tensors through the same compressor")
+    out, at = [], size
+    for j, a in enumerate(like):
+        nbytes = int(theirs[1 + 2 * j])
+        out.append(buf[at:at + nbytes].view(a.dtype))
+        at += _padded(nbytes)
+    return out
+
+
+def _packable(arrays: Sequence[Any]) -> bool:
+    """Host arrays are packed; device (CuPy) arrays go one by one, as the comm stages them."""
+    return all(isinstance(a, np.ndarray) for a in arrays)
 
 
 def allgather_batch(comm: ExchangeComm, arrays: Sequence[Any]) -> list[list]:
     """Every rank's copy of each 1-D array of ``arrays``, as ``[array][rank]``, in one
     all-gather of all of them packed as bytes, instead of one all-gather (two collectives:
     sizes, then bytes) per array. Every rank passes as many arrays with the same dtypes
-    (sizes may differ); a mismatch raises ``ValueError`` on every rank. Device (CuPy) arrays
-    go one by one, as ``comm.allgather`` stages them."""
+    (sizes may differ); a mismatch raises ``ValueError`` on every rank."""
     if not arrays:
         return []
-    if len(arrays) == 1 or not all(isinstance(a, np.ndarray) for a in arrays):
+    if len(arrays) == 1 or not _packable(arrays):
         return [comm.allgather(a) for a in arrays]
-    header = np.array([len(arrays), *[v for a in arrays for v in (a.nbytes, a.dtype.num)]],
-                      dtype=np.int64)
-    offsets = [header.nbytes]
-    for a in arrays:
-        offsets.append(offsets[-1] + -(-a.nbytes // _ALIGN) * _ALIGN)
-    packed = np.zeros(offsets[-1], dtype=np.uint8)
-    packed[:header.nbytes] = header.view(np.uint8)
-    for a, at in zip(arrays, offsets):
-        packed[at:at + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
-    per_rank = comm.allgather(packed)
-    out: list[list] = [[] for _ in arrays]
-    for rank, buf in enumerate(per_rank):
-        theirs = np.frombuffer(buf[:header.nbytes].tobytes(), dtype=np.int64)
-        if theirs.size != header.size or theirs[0] != header[0] or \
-                not np.array_equal(theirs[2::2], header[2::2]):
-            raise ValueError(
-                f"batched all-gather: this rank (rank {comm.rank}) sent {len(arrays)} arrays "
-                f"of dtypes {[a.dtype.name for a in arrays]}, rank {rank} sent others; every "
-                "rank must exchange the same tensors through the same compressor")
-        at = header.nbytes
-        for j, a in enumerate(arrays):
-            nbytes = int(theirs[1 + 2 * j])
-            out[j].append(buf[at:at + nbytes].view(a.dtype))
-            at += -(-nbytes // _ALIGN) * _ALIGN
-    return out
+    per_rank = [_unpack(buf, arrays, "batched all-gather", comm.rank, source)
+                for source, buf in enumerate(comm.allgather(_pack(arrays)))]
+    return [list(per_array) for per_array in zip(*per_rank)]
+
+
+def sendrecv_batch(comm: ExchangeComm, arrays: Sequence[Any], peer: int) -> list:
+    """Send the 1-D ``arrays`` to ``peer`` in one message and return the arrays ``peer``
+    sent (as many, with the same dtypes; sizes may differ)."""
+    if not _packable(arrays):
+        return [comm.sendrecv(a, peer) for a in arrays]
+    return _unpack(comm.sendrecv(_pack(arrays), peer), arrays, "batched send-receive",
+                   comm.rank, peer)
 
 
 def reduce_scatter_sum(comm: ExchangeComm, arr: object, counts: list[int]) -> object:
@@ -289,31 +326,42 @@ def sparse_tree_merge(
     so both compute the same result), and the result goes back to the e extra ranks:
     m rounds for a power of two, m + 2 otherwise.
     """
+    return sparse_tree_merge_batch([(compressor, payloads, ctx)], comm)[0]
+
+
+def sparse_tree_merge_batch(
+    entries: Sequence[tuple[Compressor, list, Context]], comm: ExchangeComm
+) -> list[list]:
+    """``sparse_tree_merge`` of several tensors ``(compressor, payloads, ctx)`` at once:
+    each step of the tree sends every tensor's payloads to the partner in one message."""
     size, rank = comm.size, comm.rank
-    mine = list(payloads)
-    if size == 1:
+    mine = [list(payloads) for _, payloads, _ in entries]
+    if size == 1 or not entries:
         return mine
-    xp = array_namespace(mine[0])
-    empty = [xp.empty(0, dtype=p.dtype) for p in mine]
+    empty = [[array_namespace(p).empty(0, dtype=p.dtype) for p in payloads]
+             for payloads in mine]
     base = 1 << (size.bit_length() - 1)
     extra = size - base
+
+    def swap(lists: list[list], peer: int) -> list[list]:
+        """Send our payloads to ``peer`` and receive theirs, every tensor's in one message."""
+        got = iter(sendrecv_batch(comm, [p.reshape(-1) for ps in lists for p in ps], peer))
+        return [[next(got) for _ in ps] for ps in lists]
+
+    def merge(first: list[list], second: list[list]) -> list[list]:
+        return [c.merge(a, b, ctx) for (c, _, ctx), a, b in zip(entries, first, second)]
+
     if rank >= base:
-        _swap(comm, mine, rank - base)
-        return _swap(comm, empty, rank - base)
+        swap(mine, rank - base)
+        return swap(empty, rank - base)
     if rank < extra:
-        mine = compressor.merge(mine, _swap(comm, empty, rank + base), ctx)
+        mine = merge(mine, swap(empty, rank + base))
     mask = 1
     while mask < base:
         peer = rank ^ mask
-        theirs = _swap(comm, mine, peer)
-        mine = compressor.merge(mine, theirs, ctx) if rank < peer else \
-            compressor.merge(theirs, mine, ctx)
+        theirs = swap(mine, peer)
+        mine = merge(mine, theirs) if rank < peer else merge(theirs, mine)
         mask <<= 1
     if rank < extra:
-        _swap(comm, mine, rank + base)
+        swap(mine, rank + base)
     return mine
-
-
-def _swap(comm: ExchangeComm, payloads: list, peer: int) -> list:
-    """Send our payloads to ``peer`` and receive theirs, one array at a time."""
-    return [comm.sendrecv(p.reshape(-1), peer) for p in payloads]

@@ -1,11 +1,12 @@
-"""``allgather_batch``: the arrays of one round packed into a single all-gather give what one
-all-gather per array gives, on a fake communicator holding every rank's contribution."""
+"""``allgather_batch`` and ``sendrecv_batch``: the arrays of one round packed into one message
+give what one message per array gives, on fake communicators holding the other ranks'
+contributions; a rank that sends other arrays is named."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from dlcomm.compression.exchange import allgather_batch
+from dlcomm.compression.exchange import allgather_batch, sendrecv_batch
 
 
 class RecordingComm:
@@ -77,3 +78,25 @@ def test_one_array_and_none_skip_the_packing():
     assert allgather_batch(comm, []) == [] and comm.calls == 0
     got = allgather_batch(comm, [np.arange(3, dtype=np.int32)])
     assert comm.calls == 1 and [list(g) for g in got[0]] == [[0, 1, 2], [0, 1]]
+
+
+class PairComm:
+    """Rank ``rank`` whose partner answers ``sendrecv`` with the buffer ``reply``."""
+
+    def __init__(self, rank: int, reply: np.ndarray) -> None:
+        self.rank, self.size, self.reply, self.calls = rank, 2, reply, 0
+
+    def sendrecv(self, arr: np.ndarray, peer: int) -> np.ndarray:
+        self.calls += 1
+        return self.reply
+
+
+def test_one_send_receive_carries_every_array_and_checks_them():
+    theirs = _arrays(1)
+    got = sendrecv_batch(PairComm(0, _packed_of(theirs, 1, 2)), _arrays(0), 1)
+    assert [g.dtype for g in got] == [a.dtype for a in theirs]
+    assert all(np.array_equal(g, a) for g, a in zip(got, theirs))
+    comm = PairComm(0, _packed_of(theirs[:2], 1, 2))
+    with pytest.raises(ValueError, match=r"batched send-receive: this rank \(rank 0\).*rank 1"):
+        sendrecv_batch(comm, _arrays(0), 1)
+    assert comm.calls == 1
