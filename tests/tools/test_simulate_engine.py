@@ -350,19 +350,33 @@ def test_the_default_algorithm_is_the_engines_and_native_is_mpi() -> None:
             coll.rhd_allreduce(n, net.topology).seconds(net.params)))
 
 
-def test_summable_compressors_fuse_and_the_others_go_tensor_by_tensor() -> None:
-    net = Network(Topology(8), CostParams(alpha=1e-3))  # latency only: count messages
+def test_summable_compressors_fuse_and_the_others_batch_each_round() -> None:
+    topo = Topology(8)
+    net = Network(topo, CostParams(alpha=1e-3))  # latency only: count messages
     tensors = [Tensor(f"t{i}", (100, 100)) for i in range(5)] + [Tensor("b", (100,))]
     cost = {}
-    for text in ("dense", "acpsgd:rank=4", "powersgd:rank=4", "topk:ratio=0.01"):
+    for text in ("dense", "acpsgd:rank=4", "powersgd:rank=4", "topk:ratio=0.01",
+                 "gtopk:ratio=0.01"):
         m = Method.parse(text, algorithm="ring")  # one latency count whatever the size
         message = MessageModel(m, net, GPU).group(tensors)
         cost[text] = message.seconds - message.compute_s
-    ring_latency = coll.ring_allreduce(1.0, Topology(8)).alpha * 1e-3
+
+    def seconds(c: coll.Cost) -> float:
+        return c.seconds(net.params)
+
+    ring_latency = seconds(coll.ring_allreduce(1.0, topo))
+    mpi_allreduce = min(ring_latency, seconds(coll.rhd_allreduce(1.0, topo)))
+    allgather = min(seconds(coll.ring_allgather(1.0, topo)),
+                    seconds(coll.bruck_allgather(1.0, topo))) + seconds(coll.size_exchange(topo))
     assert cost["dense"] == pytest.approx(ring_latency)
     assert cost["acpsgd:rank=4"] == pytest.approx(ring_latency)  # one fused round
     assert cost["powersgd:rank=4"] == pytest.approx(2 * ring_latency)
-    assert cost["topk:ratio=0.01"] > 5 * 1e-3  # five all-gathers and a bypassed all-reduce
+    # the engine's run_rounds: the five tensors' payloads in one all-gather, the bias dense
+    assert cost["topk:ratio=0.01"] == pytest.approx(allgather + mpi_allreduce)
+    # gTop-k: the bias dense in the first round, beside one merge tree for all five; then one
+    # all-reduce of every tensor's k values
+    merge = seconds(coll.gtopk_merge_tree(1.0, topo))
+    assert cost["gtopk:ratio=0.01"] == pytest.approx(merge + 2 * mpi_allreduce)
 
 
 def test_compression_on_the_device_delays_the_iteration() -> None:

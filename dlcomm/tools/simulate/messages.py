@@ -4,13 +4,14 @@ compressor and all-reduce algorithm over a network.
 Mirrors dlcomm's executor: dense gradients of a group travel in one fused all-reduce with
 the method's algorithm; summable compressors (every round an all-reduce) fuse each round's
 payloads of the whole group the same way, with bypassed tensors dense in the first round;
-the others run tensor by tensor, round by round, through MPI's own collectives
-(``MPICommAdapter``: all-gather of unequal payloads, gTop-k's merge tree, all-reduce), a
-bypassed tensor as its own dense all-reduce. ``auto`` (the engine's default) is charged as
-the faster of ``ordered`` and ``ordered_tcp`` at each size, as its measured cost model
-chooses. MPI chooses its algorithm per size; the model
-takes the faster of ring and halving-doubling for its all-reduce and of ring and Bruck for
-its all-gather (the choice an MPI tuned for the network would make). The engine's
+the others run through MPI's own collectives (``MPICommAdapter``), the group's tensors
+together: per round one all-reduce of the world all-reduce payloads (the bypassed tensors
+dense in the first), one all-gather of the world all-gather payloads and one gTop-k merge
+tree carrying every tensor's payloads; rounds over a host or peer group tensor by tensor.
+``auto`` (the engine's default) is charged as the faster of ``ordered`` and ``ordered_tcp``
+at each size, as its measured cost model chooses. MPI chooses its algorithm per size; the
+model takes the faster of ring and halving-doubling for its all-reduce and of ring and
+Bruck for its all-gather (the choice an MPI tuned for the network would make). The engine's
 reduce-scatter (DeAR's first half) is the ``ordered`` one under ``ordered``, the mesh's
 under ``ordered_tcp``, that of the all-reduce auto picks under ``auto``, and MPI's own (a
 ring) under every other algorithm. Compression runs on the engine's thread, so its time
@@ -206,16 +207,28 @@ class MessageModel:
                 if nbytes > 0:
                     total = total + self.dense_allreduce(nbytes)
             return total
-        total = NOTHING
-        for t in tensors:
-            if not self._applies(t):
-                total = total + self.collective(MPI_ALLREDUCE, t.nbytes)
-                continue
-            compute = self._compute(t)
-            total = total + MessageCost(compute, 0.0, 0.0, compute)
-            rounds = c.round_payloads(t, step, self._shards)
-            for (kind, nbytes), group in zip(rounds, c.round_groups):
-                total = total + self.collective(self._round_kind(kind, group), nbytes)
+        # The rest run on MPI's own collectives, the group's tensors together (the engine's
+        # one run_rounds): per round, one all-reduce of every world all-reduce payload (and
+        # in the first, of the bypassed tensors), one all-gather of every world all-gather
+        # payload, one merge tree carrying every tensor's payloads; host or peer rounds
+        # tensor by tensor.
+        compressed = [t for t in tensors if self._applies(t)]
+        compute = sum(self._compute(t) for t in compressed)
+        total = MessageCost(compute, 0.0, 0.0, compute)
+        rounds = [c.round_payloads(t, step, self._shards) for t in compressed]
+        batched = {MPI_ALLREDUCE: sum(t.nbytes for t in tensors if not self._applies(t))}
+        for r, group in enumerate(c.round_groups):
+            for per_round in rounds:
+                kind, nbytes = per_round[r]
+                if group == WORLD:
+                    key = self._round_kind(kind, group)
+                    batched[key] = batched.get(key, 0.0) + nbytes
+                else:
+                    total = total + self.collective(self._round_kind(kind, group), nbytes)
+            for kind, nbytes in batched.items():
+                if nbytes > 0:
+                    total = total + self.collective(kind, nbytes)
+            batched = {}
         return total
 
     def reduce_scatter(self, nbytes: float) -> MessageCost:
