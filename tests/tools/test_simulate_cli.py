@@ -345,6 +345,35 @@ def test_cpu_work_measured_alone_is_stretched_where_ranks_outnumber_cores(
         validate(load_runs([bad]), PARAMS)
 
 
+def test_busy_calls_cost_more_only_where_ranks_outnumber_cores(tmp_path: Path) -> None:
+    from dlcomm.tools.simulate.validate import busy_call_from_roundtrip
+
+    rounds = [{"idle": {"p50_ms": 0.2}, "busy": {"p50_ms": b}} for b in (16.2, 8.2, 12.2)]
+    busy = busy_call_from_roundtrip(rounds)
+    assert busy == pytest.approx(0.012)  # the median of busy - idle
+    for bad in ([], [{"idle": {}}], [3]):
+        with pytest.raises(ValueError, match="roundtrip"):
+            busy_call_from_roundtrip(bad)
+    base = {"model": "mnist-mlp", "batch_size": 32, "heterogeneity": "",
+            "emulate": "4x1gbit", "slots_per_host": 1, "method": "dense"}
+    result = demo_result(4, [40, 45, 50, 41], 0.3)
+    rows = {}
+    for cores in (4, 2):
+        path = write_run(tmp_path / f"dense_{cores}.json", {**base, "machine_cores": cores},
+                         result)
+        rows[cores] = [validate(load_runs([path]), PARAMS, busy_call_s=b)[0]["predicted_s"]
+                       for b in (0.0, busy)]
+    assert rows[4][0] == rows[4][1]  # a core per rank: no busy waits
+    assert rows[2][1] > rows[2][0]
+    roundtrip = tmp_path / "rt.json"
+    roundtrip.write_text(json.dumps(rounds))
+    out, params = tmp_path / "rows.json", tmp_path / "net.json"
+    params.write_text(json.dumps({"params": PARAMS.to_dict()}))
+    assert cli.main(["simulate", "validate", str(tmp_path / "dense_2.json"), "--params",
+                     str(params), "--roundtrip", str(roundtrip), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())[0]["predicted_s"] == pytest.approx(rows[2][1])
+
+
 def test_validation_jobs_record_the_machine_cores(tmp_path: Path) -> None:
     from dlcomm.comm.machine import local_core_count
 

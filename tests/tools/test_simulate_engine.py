@@ -379,6 +379,28 @@ def test_summable_compressors_fuse_and_the_others_batch_each_round() -> None:
     assert cost["gtopk:ratio=0.01"] == pytest.approx(merge + 2 * mpi_allreduce)
 
 
+def test_busy_calls_add_a_wait_per_collective_and_per_negotiation() -> None:
+    net = Network(Topology(4), preset_params("1gbe"))
+    tensors = [Tensor(f"t{i}", (300, 300)) for i in range(3)] + [Tensor("b", (300,))]
+    busy = 0.01
+    for text, calls in (("dense", 1), ("topk:ratio=0.01", 2), ("powersgd:rank=4", 2),
+                        ("gtopk:ratio=0.01", 3)):
+        method = Method.parse(text)
+        quiet = MessageModel(method, net, GPU).group(tensors)
+        crowded = MessageModel(method, net, GPU, busy_call_s=busy).group(tensors)
+        assert quiet.calls == crowded.calls == calls, text
+        # each call and the group's negotiation wait; the compression and bytes do not change
+        assert crowded.seconds - quiet.seconds == pytest.approx(busy * (calls + 1)), text
+        assert crowded.compute_s == quiet.compute_s and crowded.link_bytes == quiet.link_bytes
+    dear = MessageModel(Method.parse("dense"), net, GPU, busy_call_s=busy)
+    assert dear.reduce_scatter(1e6).seconds == pytest.approx(
+        MessageModel(Method.parse("dense"), net, GPU).reduce_scatter(1e6).seconds + 2 * busy)
+    assert MessageModel(Method.parse("dense"), net, GPU, busy_call_s=busy).group([]).seconds == 0
+    for bad in (-1e-3, float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="busy_call_s must be"):
+            MessageModel(Method.parse("dense"), net, GPU, busy_call_s=bad)
+
+
 def test_compression_on_the_device_delays_the_iteration() -> None:
     w = workload_from_description(describe("resnet50"), 64, GPU)
     net = Network(Topology.for_workers(16, 4), preset_params("100gbib"))

@@ -163,6 +163,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="cores of the machine the runs shared, for run files that do not "
                    "record it (machine_cores): where ranks outnumber them, CPU work measured "
                    "alone is stretched by ranks / cores")
+    p.add_argument("--roundtrip", metavar="JSON", default=None,
+                   help="'dlcomm bench roundtrip --json' of the same cluster: where ranks "
+                   "outnumber the cores, each collective call and negotiation costs its busy "
+                   "minus idle round trip more")
     _add_outputs(p)
     p.set_defaults(func=run_validate)
 
@@ -426,15 +430,22 @@ def run_validate(args: argparse.Namespace) -> int:
     """Handler of ``dlcomm simulate validate``."""
     from dlcomm.tools.simulate.compressors import load_measured_costs
     from dlcomm.tools.simulate.network import CostParams
-    from dlcomm.tools.simulate.validate import format_validation, load_runs, validate
+    from dlcomm.tools.simulate.validate import (
+        busy_call_from_roundtrip,
+        format_validation,
+        load_runs,
+        validate,
+    )
 
     data = json.loads(Path(args.params).read_text())
     params = CostParams.from_dict(data.get("params", data))
     costs = load_measured_costs(args.compressor_costs) if args.compressor_costs else None
     if args.machine_cores is not None and args.machine_cores < 1:
         raise ValueError(f"--machine-cores must be >= 1, got {args.machine_cores}")
+    busy = (busy_call_from_roundtrip(json.loads(Path(args.roundtrip).read_text()))
+            if args.roundtrip else 0.0)
     rows = validate(load_runs(args.files), params, measured_costs=costs,
-                    machine_cores=args.machine_cores)
+                    machine_cores=args.machine_cores, busy_call_s=busy)
     if not rows:
         raise ValueError("no multi-rank runs among the files")
     text = format_validation(rows)

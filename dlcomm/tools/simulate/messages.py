@@ -51,19 +51,20 @@ from dlcomm.tools.simulate.workload import Tensor
 @dataclasses.dataclass(frozen=True)
 class MessageCost:
     """Seconds on the communication channel, bytes through one host's network link, bytes
-    handed to collectives (what ``dlcomm.bytes_sent()`` counts), and the part of ``seconds``
+    handed to collectives (what ``dlcomm.bytes_sent()`` counts), the part of ``seconds``
     spent computing (compression), which also keeps the device from training when
-    compression shares it."""
+    compression shares it, and the number of collective calls."""
 
     seconds: float
     link_bytes: float
     payload_bytes: float
     compute_s: float = 0.0
+    calls: int = 0
 
     def __add__(self, other: MessageCost) -> MessageCost:
         return MessageCost(self.seconds + other.seconds, self.link_bytes + other.link_bytes,
                            self.payload_bytes + other.payload_bytes,
-                           self.compute_s + other.compute_s)
+                           self.compute_s + other.compute_s, self.calls + other.calls)
 
 
 NOTHING = MessageCost(0.0, 0.0, 0.0, 0.0)
@@ -88,17 +89,32 @@ def check_cpu_share(value: float) -> float:
     return float(value)
 
 
+def check_busy_call(value: float) -> float:
+    """``value`` as a float >= 0 (seconds); ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"busy_call_s must be a number of seconds >= 0 (what a collective "
+                         f"call costs more while the ranks sharing the cores compute), got "
+                         f"{value!r}")
+    return float(value)
+
+
 class MessageModel:
     """Costs of messages under ``method`` on ``network``, with compression on ``device``
     (sharing it with training when ``compression_on_device``). ``cpu_share`` >= 1 stretches
     the compression's cost, measured or estimated for one process alone, where ranks
-    outnumber a machine's cores (``predict``'s argument)."""
+    outnumber a machine's cores (``predict``'s argument). ``busy_call_s`` is what each
+    collective call, and each negotiation the engine runs for a group, costs more where
+    ranks sharing the cores compute meanwhile (``dlcomm bench roundtrip``'s busy minus idle
+    round trip): a rank's waits progress only when the scheduler runs it."""
 
     def __init__(self, method: Method, network: Network, device: Device,
                  measured_costs: Mapping[str, MeasuredCost] | None = None,
-                 compression_on_device: bool = True, cpu_share: float = 1.0) -> None:
+                 compression_on_device: bool = True, cpu_share: float = 1.0,
+                 busy_call_s: float = 0.0) -> None:
         self.method = method
         self.cpu_share = check_cpu_share(cpu_share)
+        self.busy_call_s = check_busy_call(busy_call_s)
         self.compression_on_device = bool(compression_on_device)
         self.network = network
         self.device = device
@@ -107,7 +123,15 @@ class MessageModel:
         self._collective = lru_cache(maxsize=None)(self._collective_uncached)
 
     def _from_cost(self, cost: Cost, payload: float) -> MessageCost:
-        return MessageCost(cost.seconds(self.network.params), cost.link_bytes, payload)
+        return MessageCost(cost.seconds(self.network.params), cost.link_bytes, payload,
+                           calls=1)
+
+    def _negotiated(self, cost: MessageCost) -> MessageCost:
+        """``cost`` of one engine operation: its calls and its negotiation, each
+        ``busy_call_s`` longer on a crowded machine."""
+        if not self.busy_call_s or not cost.calls:
+            return cost
+        return cost + MessageCost(self.busy_call_s * (cost.calls + 1), 0.0, 0.0)
 
     def _fastest(self, *costs: Cost) -> Cost:
         return min(costs, key=lambda c: c.seconds(self.network.params))
@@ -191,6 +215,9 @@ class MessageModel:
     def group(self, tensors: Sequence[Tensor], step: int = 0) -> MessageCost:
         """The engine's handling of one fused group of ready gradients at iteration
         ``step`` (ACP-SGD alternates P and Q with the step)."""
+        return self._negotiated(self._group(tensors, step))
+
+    def _group(self, tensors: Sequence[Tensor], step: int) -> MessageCost:
         if not tensors:
             return NOTHING
         c = self.compressor
@@ -235,11 +262,11 @@ class MessageModel:
         """DeAR's first half: the engine's reduce-scatter of a bucket of ``nbytes`` (the
         ordered one under ``ordered``, over the mesh under ``ordered_tcp``, the one of the
         all-reduce ``auto`` picks at that size under ``auto``, else MPI's, a ring)."""
-        return self.collective("reducescatter", nbytes)
+        return self._negotiated(self.collective("reducescatter", nbytes))
 
     def all_gather(self, nbytes: float) -> MessageCost:
         """DeAR's second half: the ring all-gather of a bucket of ``nbytes`` in all."""
-        return self.collective("ringallgather", nbytes / self.network.workers)
+        return self._negotiated(self.collective("ringallgather", nbytes / self.network.workers))
 
     def alpha_beta(self) -> tuple[float, float]:
         """``time = a + b * bytes`` of the dense all-reduce as MG-WFBP fits it at start-up:

@@ -15,7 +15,7 @@ from typing import Any
 from dlcomm.tools.simulate.compressors import MeasuredCost
 from dlcomm.tools.simulate.devices import Device
 from dlcomm.tools.simulate.engine import IterationResult, simulate_bsp
-from dlcomm.tools.simulate.messages import MessageModel, check_cpu_share
+from dlcomm.tools.simulate.messages import MessageModel, check_busy_call, check_cpu_share
 from dlcomm.tools.simulate.methods import Method
 from dlcomm.tools.simulate.network import Network
 from dlcomm.tools.simulate.sync_methods import (
@@ -73,13 +73,13 @@ class Prediction:
 
 
 def message_factory(device: Device, measured_costs: Mapping[str, MeasuredCost] | None = None,
-                    compression_on_device: bool = True,
-                    cpu_share: float = 1.0):  # noqa: ANN201 - a closure
+                    compression_on_device: bool = True, cpu_share: float = 1.0,
+                    busy_call_s: float = 0.0):  # noqa: ANN201 - a closure
     """A ``(method, network) -> MessageModel`` with compression on ``device``."""
 
     def make(method: Method, network: Network) -> MessageModel:
         return MessageModel(method, network, device, measured_costs, compression_on_device,
-                            cpu_share)
+                            cpu_share, busy_call_s)
 
     return make
 
@@ -89,7 +89,8 @@ def predict(workload: Workload, method: Method, network: Network, device: Device
             stragglers: StragglerTrace | None = None,
             congestion: CongestionTrace | None = None,
             iterations: int = DEFAULT_TRACE_ITERATIONS, global_every: int = 0,
-            compression_on_device: bool = True, cpu_share: float = 1.0) -> Prediction:
+            compression_on_device: bool = True, cpu_share: float = 1.0,
+            busy_call_s: float = 0.0) -> Prediction:
     """Simulate ``method``. ``stragglers`` (per-iteration worker speeds) drive LB-BSP and a
     BSP run with stragglers; ``congestion`` (per-host link rates over time) drives DLCP and
     a lossless run under congestion; both run ``iterations`` iterations. ``global_every``:
@@ -97,13 +98,17 @@ def predict(workload: Workload, method: Method, network: Network, device: Device
     ``compression_on_device``: compression keeps the device from training (see
     ``engine.simulate_bsp``). ``cpu_share`` >= 1: compression takes that many times its
     one-process cost, as where ranks outnumber a machine's cores (ranks per core); the
-    workload's times are taken as given (``Workload.scaled`` stretches them)."""
+    workload's times are taken as given (``Workload.scaled`` stretches them).
+    ``busy_call_s``: what each collective call and negotiation costs more while ranks sharing
+    the cores compute (``MessageModel``)."""
     if not isinstance(method, Method):
         raise TypeError(f"method must be a Method, got {type(method).__name__}")
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     check_cpu_share(cpu_share)
-    make = message_factory(device, measured_costs, compression_on_device, cpu_share)
+    check_busy_call(busy_call_s)
+    make = message_factory(device, measured_costs, compression_on_device, cpu_share,
+                           busy_call_s)
     topo = network.topology
     details: dict[str, Any] = {}
     if method.loss_tolerance > 0 or (congestion is not None and method.sync.kind == "bsp"):

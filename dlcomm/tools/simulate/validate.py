@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -139,10 +140,13 @@ def predict_run(run: Run, params: CostParams, *, update_s: float | None = None,
                 device: Device | None = None,
                 measured_costs: Mapping[str, MeasuredCost] | None = None,
                 machine_cores: int | None = None,
-                compression_s: float | None = None) -> dict[str, Any]:
+                compression_s: float | None = None,
+                busy_call_s: float = 0.0) -> dict[str, Any]:
     """The measured and predicted seconds per iteration of one run (``update_s``: the
     optimizer step of one process alone; ``compression_s``: what compression adds to it,
-    per step, alone; ``machine_cores``: see ``Run.cpu_share``)."""
+    per step, alone; ``machine_cores``: see ``Run.cpu_share``; ``busy_call_s``: what a
+    collective call costs more while ranks sharing cores compute, charged where the run's
+    ranks outnumber the cores)."""
     device = device or get_device("cpu-core")
     setup = run.setup
     topo, nominal_rate = _topology(setup, run.ranks)
@@ -180,7 +184,7 @@ def predict_run(run: Run, params: CostParams, *, update_s: float | None = None,
         measured_costs = _with_compression_cost(measured_costs, method, workload.tensors,
                                                 compression_s)
     pred = predict(workload, method, network, device, measured_costs=measured_costs,
-                   cpu_share=share,
+                   cpu_share=share, busy_call_s=busy_call_s if share > 1 else 0.0,
                    stragglers=stragglers, congestion=congestion, iterations=steps,
                    global_every=per_epoch if method.sync.kind == "dssync" else 0)
     measured = run.steady_step_seconds
@@ -231,17 +235,34 @@ def _with_compression_cost(measured_costs: Mapping[str, MeasuredCost] | None, me
 
 def validate(runs: Sequence[Run], params: CostParams, *, device: Device | None = None,
              measured_costs: Mapping[str, MeasuredCost] | None = None,
-             machine_cores: int | None = None) -> list[dict[str, Any]]:
+             machine_cores: int | None = None,
+             busy_call_s: float = 0.0) -> list[dict[str, Any]]:
     """A row per multi-rank run: measured, predicted, relative error. A compressor's cost
     comes from its one-rank run where there is one (``reference_compression``), else from
-    ``measured_costs`` (the compression benchmark), else from the device's estimate."""
+    ``measured_costs`` (the compression benchmark), else from the device's estimate.
+    ``busy_call_s`` (``busy_call_from_roundtrip``) applies to runs whose ranks outnumber
+    the cores."""
     updates = reference_updates(runs)
     compression = reference_compression(runs)
     return [predict_run(run, params, update_s=updates.get(run.key), device=device,
                         measured_costs=measured_costs, machine_cores=machine_cores,
-                        compression_s=compression.get(
+                        busy_call_s=busy_call_s, compression_s=compression.get(
                             (*run.key, method_of(run.setup, run.source).compression)))
             for run in runs if run.ranks > 1]
+
+
+def busy_call_from_roundtrip(rounds: Sequence[Mapping[str, Any]]) -> float:
+    """Seconds a collective call costs more while the ranks compute: the median over the
+    rounds of ``dlcomm bench roundtrip`` (its ``--json``) of the busy minus the idle median
+    round trip."""
+    if not rounds:
+        raise ValueError("the 'dlcomm bench roundtrip --json' file holds no rounds")
+    try:
+        extra = [(r["busy"]["p50_ms"] - r["idle"]["p50_ms"]) / 1e3 for r in rounds]
+    except (KeyError, TypeError):
+        raise ValueError("not a 'dlcomm bench roundtrip --json' file: each round needs "
+                         "idle.p50_ms and busy.p50_ms") from None
+    return max(0.0, float(statistics.median(extra)))
 
 
 def format_validation(rows: Sequence[Mapping[str, Any]]) -> str:
