@@ -393,8 +393,12 @@ def test_busy_calls_add_a_wait_per_collective_and_per_negotiation() -> None:
         assert crowded.seconds - quiet.seconds == pytest.approx(busy * (calls + 1)), text
         assert crowded.compute_s == quiet.compute_s and crowded.link_bytes == quiet.link_bytes
     dear = MessageModel(Method.parse("dense"), net, GPU, busy_call_s=busy)
+    quiet_dear = MessageModel(Method.parse("dense"), net, GPU)
     assert dear.reduce_scatter(1e6).seconds == pytest.approx(
-        MessageModel(Method.parse("dense"), net, GPU).reduce_scatter(1e6).seconds + 2 * busy)
+        quiet_dear.reduce_scatter(1e6).seconds + 2 * busy)
+    # the all-gathers step() queues together share one negotiation
+    assert dear.all_gather(1e6, negotiated=False).seconds == pytest.approx(
+        quiet_dear.all_gather(1e6).seconds + busy)
     assert MessageModel(Method.parse("dense"), net, GPU, busy_call_s=busy).group([]).seconds == 0
     for bad in (-1e-3, float("inf"), True, "1"):
         with pytest.raises(ValueError, match="busy_call_s must be"):

@@ -126,12 +126,12 @@ class MessageModel:
         return MessageCost(cost.seconds(self.network.params), cost.link_bytes, payload,
                            calls=1)
 
-    def _negotiated(self, cost: MessageCost) -> MessageCost:
-        """``cost`` of one engine operation: its calls and its negotiation, each
+    def _negotiated(self, cost: MessageCost, negotiations: int = 1) -> MessageCost:
+        """``cost`` of one engine operation: its calls and its negotiations, each
         ``busy_call_s`` longer on a crowded machine."""
         if not self.busy_call_s or not cost.calls:
             return cost
-        return cost + MessageCost(self.busy_call_s * (cost.calls + 1), 0.0, 0.0)
+        return cost + MessageCost(self.busy_call_s * (cost.calls + negotiations), 0.0, 0.0)
 
     def _fastest(self, *costs: Cost) -> Cost:
         return min(costs, key=lambda c: c.seconds(self.network.params))
@@ -264,9 +264,12 @@ class MessageModel:
         all-reduce ``auto`` picks at that size under ``auto``, else MPI's, a ring)."""
         return self._negotiated(self.collective("reducescatter", nbytes))
 
-    def all_gather(self, nbytes: float) -> MessageCost:
-        """DeAR's second half: the ring all-gather of a bucket of ``nbytes`` in all."""
-        return self._negotiated(self.collective("ringallgather", nbytes / self.network.workers))
+    def all_gather(self, nbytes: float, negotiated: bool = True) -> MessageCost:
+        """DeAR's second half: the ring all-gather of a bucket of ``nbytes`` in all
+        (``negotiated=False``: agreed in the negotiation of another, as the all-gathers that
+        ``step()`` queues together are)."""
+        return self._negotiated(self.collective("ringallgather", nbytes / self.network.workers),
+                                int(negotiated))
 
     def alpha_beta(self) -> tuple[float, float]:
         """``time = a + b * bytes`` of the dense all-reduce as MG-WFBP fits it at start-up:
