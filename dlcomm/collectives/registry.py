@@ -4,7 +4,7 @@ Every entry has the signature ``algorithm(comm, sendbuf, recvbuf, op) -> recvbuf
 engine can swap them without knowing which one runs. An algorithm whose reduce-scatter must
 reduce like its all-reduce (the rank-order ones: ``auto``, ``ordered``, ``pipelined``) names
 that reduce-scatter in ``REDUCE_SCATTERS``; the engine's reduce-scatter then uses it, others
-use MPI's own.
+use MPI's own. ``ALLGATHERS`` names the all-gather of those that send over the TCP mesh.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from dlcomm.collectives.allgather import mesh_allgather
 from dlcomm.collectives.buffers import CommLike
 from dlcomm.collectives.halving_doubling import rhd_allreduce
 from dlcomm.collectives.hierarchical import hierarchical_allreduce
@@ -25,13 +26,19 @@ from dlcomm.collectives.ordered import (
 )
 from dlcomm.collectives.pipelined import pipelined_allreduce
 from dlcomm.collectives.ring import ring_allreduce, ring_tcp_allreduce
-from dlcomm.collectives.selection import auto_allreduce, auto_reduce_scatter, fastest_allreduce
+from dlcomm.collectives.selection import (
+    auto_allgather,
+    auto_allreduce,
+    auto_reduce_scatter,
+    fastest_allreduce,
+)
 from dlcomm.collectives.tree import tree_allreduce
 from dlcomm.ops import ReduceOp
 
 AllreduceAlgorithm = Callable[[CommLike, np.ndarray, np.ndarray, "ReduceOp | str"], np.ndarray]
 ReduceScatterAlgorithm = Callable[
     [CommLike, np.ndarray, np.ndarray, Sequence[int], "ReduceOp | str"], np.ndarray]
+AllgatherAlgorithm = Callable[[CommLike, np.ndarray, np.ndarray, Sequence[int]], np.ndarray]
 
 ALLREDUCE_ALGORITHMS: dict[str, AllreduceAlgorithm] = {
     "auto": auto_allreduce,
@@ -55,6 +62,10 @@ ALIASES = {"native": "mpi"}  # earlier names, still accepted
 REDUCE_SCATTERS: dict[str, ReduceScatterAlgorithm] = {
     "auto": auto_reduce_scatter, "ordered": ordered_reduce_scatter,
     "pipelined": ordered_reduce_scatter, "ordered_tcp": ordered_tcp_reduce_scatter}
+# The all-gather that runs where the all-reduce of the same name sends its bytes (over the
+# TCP mesh); others use MPI's own.
+ALLGATHERS: dict[str, AllgatherAlgorithm] = {"auto": auto_allgather,
+                                             "ordered_tcp": mesh_allgather}
 
 
 def get_allreduce_algorithm(allreduce_algorithm: str) -> AllreduceAlgorithm:

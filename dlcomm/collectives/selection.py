@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from dlcomm.collectives.allgather import mesh_allgather
 from dlcomm.collectives.buffers import CommLike, check_comm, check_send_recv_pair
 from dlcomm.collectives.cost_model import (
     Algorithm,
@@ -159,17 +160,36 @@ def auto_allreduce(comm: CommLike, sendbuf: np.ndarray, recvbuf: np.ndarray,
     return _checked(comm, sendbuf, recvbuf, op, DETERMINISTIC_CANDIDATES)
 
 
+def _over_mesh(comm: CommLike, nbytes: int) -> bool:
+    """Whether ``auto``'s cost model sends an all-reduce of ``nbytes`` over the TCP mesh on
+    ``comm``: the model ``auto`` built there, else built now (collective, as the first
+    all-reduce would; every rank holds the same model, so all choose alike)."""
+    model = built_model(comm)
+    if model is None:
+        model = cached_auto_allreduce(comm).model
+    return model.choose(nbytes) in MESH_CANDIDATES
+
+
 def auto_reduce_scatter(comm: CommLike, sendbuf: np.ndarray, recvbuf: np.ndarray,
                         counts: Sequence[int], op: ReduceOp | str = ReduceOp.SUM) -> np.ndarray:
     """``auto``'s reduce-scatter: rank-order bits like its all-reduce, over the TCP mesh
-    where the cost model sends an all-reduce of the same bytes there (known once ``auto``
-    ran on ``comm``; every rank holds the same model, so all choose alike), else over
-    MPI. Returns ``recvbuf``."""
-    model = built_model(comm)
-    nbytes = int(np.asarray(sendbuf).nbytes)
-    if model is not None and model.choose(nbytes) in MESH_CANDIDATES:
+    where the cost model sends an all-reduce of the same bytes there, else over MPI.
+    Returns ``recvbuf``."""
+    if _over_mesh(comm, int(np.asarray(sendbuf).nbytes)):
         return ordered_tcp_reduce_scatter(comm, sendbuf, recvbuf, counts, op)
     return ordered_reduce_scatter(comm, sendbuf, recvbuf, counts, op)
+
+
+def auto_allgather(comm: CommLike, sendbuf: np.ndarray, recvbuf: np.ndarray,
+                   counts: Sequence[int]) -> np.ndarray:
+    """``auto``'s all-gather: over the TCP mesh where the cost model sends an all-reduce of
+    the gathered bytes there (the all-reduce this all-gather is the second half of), else
+    MPI's own. Exact either way. Returns ``recvbuf``."""
+    comm = check_comm(comm)
+    if _over_mesh(comm, int(np.asarray(recvbuf).nbytes)):
+        return mesh_allgather(comm, sendbuf, recvbuf, counts)
+    comm.allgatherv(sendbuf, recvbuf, list(counts))
+    return recvbuf
 
 
 def fastest_allreduce(comm: CommLike, sendbuf: np.ndarray, recvbuf: np.ndarray,

@@ -221,7 +221,7 @@ class MPICommunicator:
     """
 
     def __init__(self, comm: MPI.Comm, algorithm: Any = None,
-                 reduce_scatter_algorithm: Any = None) -> None:
+                 reduce_scatter_algorithm: Any = None, allgather_algorithm: Any = None) -> None:
         self.comm = comm
         null = comm == MPI.COMM_NULL
         self.rank = -1 if null else comm.Get_rank()
@@ -231,7 +231,10 @@ class MPICommunicator:
         # The reduce-scatter that reduces like that all-reduce (the ``ordered`` pair, so a
         # reduce-scatter + all-gather gives the all-reduce's bits); None: MPI's own.
         self.reduce_scatter_algorithm = reduce_scatter_algorithm
-        if reduce_scatter_algorithm is not None:
+        # ``allgather_algorithm(comm, sendbuf, recvbuf, counts)`` replaces MPI's all-gather
+        # (exact either way: it only chooses the transport); None: MPI's own.
+        self.allgather_algorithm = allgather_algorithm
+        if reduce_scatter_algorithm is not None or allgather_algorithm is not None:
             self._plain = None
         # Open MPI's blocking calls spin: where ranks share cores, a waiting rank would take
         # the CPU of the ranks it waits for (the data path polls unless DLCOMM_MPI_WAIT=block).
@@ -290,6 +293,9 @@ class MPICommunicator:
 
     @_raising_transport_errors
     def allgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: list[int]) -> None:
+        if self.allgather_algorithm is not None:
+            self.allgather_algorithm(self.plain, sendbuf, recvbuf, list(counts))
+            return
         if counts and all(c == counts[0] for c in counts):
             # Open MPI's tuned Allgather picks better algorithms than its Allgatherv for the
             # same bytes (docs/collectives.md): use it whenever the blocks are equal.
@@ -453,20 +459,23 @@ class MPICommunicator:
         """Collective over this communicator; ranks passing ``None`` get ``None``."""
         sub = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
         return None if sub == MPI.COMM_NULL else MPICommunicator(
-            sub, self.algorithm, self.reduce_scatter_algorithm)
+            sub, self.algorithm, self.reduce_scatter_algorithm, self.allgather_algorithm)
 
     def split_by_host(self, key: int) -> MPICommunicator:
         """Collective: the ranks of this communicator that share memory with this one."""
         return MPICommunicator(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=key))
 
     def dup(self) -> MPICommunicator:
-        return MPICommunicator(self.comm.Dup(), self.algorithm, self.reduce_scatter_algorithm)
+        return MPICommunicator(self.comm.Dup(), self.algorithm, self.reduce_scatter_algorithm,
+                               self.allgather_algorithm)
 
-    def with_algorithm(self, algorithm: Any,
-                       reduce_scatter_algorithm: Any = None) -> MPICommunicator:
-        """The same communicator, all-reducing with ``algorithm`` and reduce-scattering with
-        ``reduce_scatter_algorithm`` (None: MPI's own)."""
-        return MPICommunicator(self.comm, algorithm, reduce_scatter_algorithm)
+    def with_algorithm(self, algorithm: Any, reduce_scatter_algorithm: Any = None,
+                       allgather_algorithm: Any = None) -> MPICommunicator:
+        """The same communicator, all-reducing with ``algorithm``, reduce-scattering with
+        ``reduce_scatter_algorithm`` and all-gathering with ``allgather_algorithm`` (None:
+        MPI's own)."""
+        return MPICommunicator(self.comm, algorithm, reduce_scatter_algorithm,
+                               allgather_algorithm)
 
     def request_list(self) -> MPIRequestList:
         """An empty list of requests to wait on together (``MPIRequestList``), waited on

@@ -494,8 +494,8 @@ class TcpCommunicator:
         order, from one thread."""
         return self._view(_Handle(owns_mesh=True))
 
-    def with_algorithm(self, algorithm: Any,
-                       reduce_scatter_algorithm: Any = None) -> TcpCommunicator:
+    def with_algorithm(self, algorithm: Any, reduce_scatter_algorithm: Any = None,
+                       allgather_algorithm: Any = None) -> TcpCommunicator:
         """This communicator (same cache): the algorithms are ignored, because the all-reduce
         here is always the rank-ordered reduce-scatter + all-gather over the mesh (the bits
         of ``ordered``; MPI's algorithms and the point-to-point ones need MPI)."""

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from dlcomm.collectives.registry import (
+    ALLGATHERS,
     REDUCE_SCATTERS,
     algorithm_name_from_env,
     get_allreduce_algorithm,
@@ -398,13 +399,14 @@ def _control_communicator(control: Any, negotiation: str) -> Any:
     return mesh_communicator(control) or control  # a mesh that cannot connect: MPI
 
 
-def _data_algorithms() -> tuple[Any, Any]:
-    """The dlcomm.collectives all-reduce chosen by DLCOMM_ALLREDUCE_ALGORITHM and the
-    reduce-scatter that reduces like it (None: MPI's own)."""
+def _data_algorithms() -> tuple[Any, Any, Any]:
+    """The dlcomm.collectives all-reduce chosen by DLCOMM_ALLREDUCE_ALGORITHM, the
+    reduce-scatter that reduces like it and the all-gather that goes where it sends its
+    bytes (None: MPI's own)."""
     name = algorithm_name_from_env()
     if name == "mpi":
-        return None, None
-    return get_allreduce_algorithm(name), REDUCE_SCATTERS.get(name)
+        return None, None, None
+    return get_allreduce_algorithm(name), REDUCE_SCATTERS.get(name), ALLGATHERS.get(name)
 
 
 def _open_timeline(path: str, rank: int) -> Any:

@@ -20,9 +20,9 @@ import sys
 import numpy as np
 from mpi4py import MPI
 from dlcomm.collectives import (
-    HierarchicalAllreduce, auto_reduce_scatter, binomial_broadcast, binomial_reduce,
-    get_allreduce_algorithm, ordered_reduce_scatter, ordered_tcp_reduce_scatter,
-    pipelined_allreduce, ring_allgather, ring_reduce_scatter,
+    HierarchicalAllreduce, auto_allgather, auto_reduce_scatter, binomial_broadcast,
+    binomial_reduce, get_allreduce_algorithm, mesh_allgather, ordered_reduce_scatter,
+    ordered_tcp_reduce_scatter, pipelined_allreduce, ring_allgather, ring_reduce_scatter,
 )
 from dlcomm.comm.mpi_backend import mpi_op
 
@@ -155,6 +155,10 @@ for counts in COUNT_LISTS:
         ring_allgather(comm, got[own], got, counts)
         if not np.array_equal(got, want):
             failures.append(f"allgather in place counts={counts} {np.dtype(dtype)}")
+        for name, allgather in (("mesh", mesh_allgather), ("auto", auto_allgather)):
+            got = np.full_like(want, 7)
+            if allgather(comm, mine, got, counts) is not got or not np.array_equal(got, want):
+                failures.append(f"{name} allgather counts={counts} {np.dtype(dtype)}")
 
 # The ordered pair: reduce-scatter then all-gather gives the all-reduce's bits, whatever the
 # split (equal blocks, uneven ones, zeros) and on both of the all-reduce's paths (whole
