@@ -126,11 +126,12 @@ def run_rounds(
     (``Compressor.compresses``) go dense in the first round. In each round, the world's
     all-reduce payloads of every tensor are summed together by ``sum_payloads(arrays) ->
     sums`` (default: one ``comm.allreduce_sum`` per array; the engine passes one that fuses
-    them), its all-gather payloads travel in one packed all-gather (``allgather_batch``) and
-    its merge trees exchange every tensor's payloads in one message per step
-    (``sparse_tree_merge_batch``); reduce-scatter rounds and rounds over a HOST or PEER
-    group (``Compressor.groups``: on sub-communicators from ``topology.host_groups``, whose
-    ``HostTopology`` the driver puts in ``ctx.topology``) run per tensor, in order.
+    them); per group of ranks (``Compressor.groups``: the world, or HOST and PEER
+    sub-communicators from ``topology.host_groups``, whose ``HostTopology`` the driver puts
+    in ``ctx.topology``) its all-gather payloads travel in one packed all-gather
+    (``allgather_batch``) and its merge trees exchange every tensor's payloads in one
+    message per step (``sparse_tree_merge_batch``); reduce-scatter rounds and all-reduce
+    rounds over a group run per tensor, in order.
     ``phase(index, name)`` (optional) wraps each tensor's compress and decompress, for the
     timeline. Returns ``(value, summed)`` per tensor: the sum over
     ranks when ``summed`` (divide by ``comm.size`` to average), else already combined as
@@ -158,19 +159,24 @@ def run_rounds(
         pos = 0
         for t in summing:
             t.result, pos = sums[pos:pos + len(t.payloads)], pos + len(t.payloads)
-        gathering = [t for t in tensors
-                     if t.round_kind(r) == ALLGATHER and t.round_group(r) == WORLD]
-        gathered = allgather_batch(comm, [p.reshape(-1) for t in gathering for p in t.payloads])
-        pos = 0
-        for t in gathering:
-            mine, pos = gathered[pos:pos + len(t.payloads)], pos + len(t.payloads)
-            t.result = [list(per_rank) for per_rank in zip(*mine)]
-        merging = [t for t in tensors if t.round_kind(r) == SPARSE_MERGE
-                   and t.round_group(r) == WORLD and r < len(t.compressor.rounds) - 1]
-        merged = sparse_tree_merge_batch([(t.compressor, t.payloads, t.ctx) for t in merging],
-                                         comm)
-        for t, result in zip(merging, merged):
-            t.result = result
+        for group in GROUPS:  # the same order on every rank
+            gathering = [t for t in tensors
+                         if t.round_kind(r) == ALLGATHER and t.round_group(r) == group]
+            merging = [t for t in tensors if t.round_kind(r) == SPARSE_MERGE
+                       and t.round_group(r) == group and r < len(t.compressor.rounds) - 1]
+            if not gathering and not merging:
+                continue
+            sub = comm if group == WORLD else getattr(hosts, group)
+            gathered = allgather_batch(sub, [p.reshape(-1) for t in gathering
+                                             for p in t.payloads])
+            pos = 0
+            for t in gathering:
+                mine, pos = gathered[pos:pos + len(t.payloads)], pos + len(t.payloads)
+                t.result = [list(per_rank) for per_rank in zip(*mine)]
+            merged = sparse_tree_merge_batch(
+                [(t.compressor, t.payloads, t.ctx) for t in merging], sub)
+            for t, result in zip(merging, merged):
+                t.result = result
         for t in tensors:
             kind = t.round_kind(r)
             if kind is None:
@@ -184,13 +190,7 @@ def run_rounds(
                 t.result = [reduce_scatter_sum(
                     sub, p, t.compressor.scatter_counts(p.size, sub.size, t.ctx))
                     for p in t.payloads]
-            elif kind == ALLGATHER and group != WORLD:
-                per_array = [sub.allgather(p.reshape(-1)) for p in t.payloads]
-                t.result = [list(per_rank) for per_rank in zip(*per_array)]
-            elif kind == SPARSE_MERGE and not last:
-                if group != WORLD:  # the world's merges ran together above
-                    t.result = sparse_tree_merge(t.compressor, t.payloads, t.ctx, sub)
-            elif kind not in (ALLREDUCE, ALLGATHER):
+            elif kind not in (ALLREDUCE, ALLGATHER) and not (kind == SPARSE_MERGE and not last):
                 raise ValueError(f"{t.compressor.name}: round {r} of kind {kind!r} is not "
                                  "supported")
             if not t.dense and not last:

@@ -6,8 +6,8 @@ the method's algorithm; summable compressors (every round an all-reduce) fuse ea
 payloads of the whole group the same way, with bypassed tensors dense in the first round;
 the others run through MPI's own collectives (``MPICommAdapter``), the group's tensors
 together: per round one all-reduce of the world all-reduce payloads (the bypassed tensors
-dense in the first), one all-gather of the world all-gather payloads and one gTop-k merge
-tree carrying every tensor's payloads; rounds over a host or peer group tensor by tensor.
+dense in the first), and per group of ranks one all-gather of the all-gather payloads and
+one gTop-k merge tree carrying every tensor's payloads; reduce-scatters tensor by tensor.
 ``auto`` (the engine's default) is charged as the faster of ``ordered`` and ``ordered_tcp``
 at each size, as its measured cost model chooses. MPI chooses its algorithm per size; the
 model takes the faster of ring and halving-doubling for its all-reduce and of ring and
@@ -236,9 +236,9 @@ class MessageModel:
             return total
         # The rest run on MPI's own collectives, the group's tensors together (the engine's
         # one run_rounds): per round, one all-reduce of every world all-reduce payload (and
-        # in the first, of the bypassed tensors), one all-gather of every world all-gather
-        # payload, one merge tree carrying every tensor's payloads; host or peer rounds
-        # tensor by tensor.
+        # in the first, of the bypassed tensors), and per group of ranks one all-gather of
+        # every all-gather payload and one merge tree carrying every tensor's payloads;
+        # reduce-scatters tensor by tensor.
         compressed = [t for t in tensors if self._applies(t)]
         compute = sum(self._compute(t) for t in compressed)
         total = MessageCost(compute, 0.0, 0.0, compute)
@@ -247,7 +247,7 @@ class MessageModel:
         for r, group in enumerate(c.round_groups):
             for per_round in rounds:
                 kind, nbytes = per_round[r]
-                if group == WORLD:
+                if kind in (ALLGATHER, SPARSE_MERGE) or (kind, group) == (ALLREDUCE, WORLD):
                     key = self._round_kind(kind, group)
                     batched[key] = batched.get(key, 0.0) + nbytes
                 else:
