@@ -3,10 +3,10 @@ compression's one round driver (``dlcomm.compression.exchange.run_rounds``).
 
 The tensors of the group travel together: each round's all-reduce payloads (and the dense
 tensors a compressor passes over) packed into as few fusion buffers as the threshold allows,
-its all-gather payloads into one all-gather, each merge step's into one message. Summable
-compressors (every round an all-reduce) run on the process set's data communicator; the
-others on its exchange communicator (MPI's own), where rounds over a host or peer group
-still go tensor by tensor.
+its all-gather payloads into one all-gather per group of ranks, each merge step's into one
+message; reduce-scatters go tensor by tensor. Summable compressors (every round an
+all-reduce) run on the process set's data communicator; the others on its exchange
+communicator (MPI's own).
 """
 from __future__ import annotations
 
