@@ -142,13 +142,20 @@ def cached_auto_allreduce(comm: CommLike, candidates: Sequence[str] = DETERMINIS
                        lambda: AutoAllreduce(comm, candidates, allreduce_segment_bytes=segment))
 
 
-def built_model(comm: CommLike) -> CostModel | None:
-    """The cost model ``auto`` measured (or read) for ``comm``, or None before its first
-    all-reduce, or when another algorithm runs. Never collective."""
+def _built_auto(comm: CommLike) -> AutoAllreduce | None:
+    """The ``AutoAllreduce`` (``auto``'s or ``fastest``'s) already built on ``comm``, or
+    None. Never collective."""
     comm = check_comm(comm)
     auto = comm.peek_cached((AutoAllreduce, DETERMINISTIC_CANDIDATES, segment_bytes_from_env()))
     if auto is None:
         auto = comm.peek_cached((AutoAllreduce, ANY_CANDIDATES, segment_bytes_from_env()))
+    return auto
+
+
+def built_model(comm: CommLike) -> CostModel | None:
+    """The cost model ``auto`` measured (or read) for ``comm``, or None before its first
+    all-reduce, or when another algorithm runs. Never collective."""
+    auto = _built_auto(comm)
     return None if auto is None else auto.model
 
 
@@ -164,10 +171,8 @@ def _over_mesh(comm: CommLike, nbytes: int) -> bool:
     """Whether ``auto``'s cost model sends an all-reduce of ``nbytes`` over the TCP mesh on
     ``comm``: the model ``auto`` built there, else built now (collective, as the first
     all-reduce would; every rank holds the same model, so all choose alike)."""
-    model = built_model(comm)
-    if model is None:
-        model = cached_auto_allreduce(comm).model
-    return model.choose(nbytes) in MESH_CANDIDATES
+    auto = _built_auto(comm) or cached_auto_allreduce(comm)
+    return auto.choose(nbytes) in MESH_CANDIDATES  # its per-size choices are cached
 
 
 def auto_reduce_scatter(comm: CommLike, sendbuf: np.ndarray, recvbuf: np.ndarray,
