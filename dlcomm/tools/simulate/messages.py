@@ -223,17 +223,33 @@ class MessageModel:
         c = self.compressor
         if c.is_dense:
             return self.dense_allreduce(sum(t.nbytes for t in tensors))
-        if c.summable:
-            compressed = [t for t in tensors if self._applies(t)]
-            dense_bytes = sum(t.nbytes for t in tensors if not self._applies(t))
-            compute = sum(self._compute(t) for t in compressed)
-            total = MessageCost(compute, 0.0, 0.0, compute)
-            for r in range(len(c.rounds)):
-                nbytes = sum(c.round_payloads(t, step)[r][1] for t in compressed)
-                nbytes += dense_bytes if r == 0 else 0.0
+        # One run_rounds for the group's tensors, as the engine: per round one all-reduce of
+        # every world all-reduce payload (in the first, with the bypassed tensors): with the
+        # method's algorithm for a summable compressor, on MPI's own otherwise; per group of
+        # ranks one all-gather of every all-gather payload and one merge tree carrying every
+        # tensor's payloads; reduce-scatters tensor by tensor.
+        world_sum = ALLREDUCE if c.summable else MPI_ALLREDUCE
+        compressed = [t for t in tensors if self._applies(t)]
+        compute = sum(self._compute(t) for t in compressed)
+        total = MessageCost(compute, 0.0, 0.0, compute)
+        rounds = [c.round_payloads(t, step, self._shards) for t in compressed]
+        batched = {world_sum: sum(t.nbytes for t in tensors if not self._applies(t))}
+        for r, group in enumerate(c.round_groups):
+            for per_round in rounds:
+                kind, nbytes = per_round[r]
+                if (kind, group) == (ALLREDUCE, WORLD):
+                    key = world_sum
+                elif kind in (ALLGATHER, SPARSE_MERGE):
+                    key = self._round_kind(kind, group)
+                else:
+                    total = total + self.collective(self._round_kind(kind, group), nbytes)
+                    continue
+                batched[key] = batched.get(key, 0.0) + nbytes
+            for kind, nbytes in batched.items():
                 if nbytes > 0:
-                    total = total + self.dense_allreduce(nbytes)
-            return total
+                    total = total + self.collective(kind, nbytes)
+            batched = {}
+        return total
         # The rest run on MPI's own collectives, the group's tensors together (the engine's
         # one run_rounds): per round, one all-reduce of every world all-reduce payload (and
         # in the first, of the bypassed tensors), and per group of ranks one all-gather of
