@@ -250,29 +250,6 @@ class MessageModel:
                     total = total + self.collective(kind, nbytes)
             batched = {}
         return total
-        # The rest run on MPI's own collectives, the group's tensors together (the engine's
-        # one run_rounds): per round, one all-reduce of every world all-reduce payload (and
-        # in the first, of the bypassed tensors), and per group of ranks one all-gather of
-        # every all-gather payload and one merge tree carrying every tensor's payloads;
-        # reduce-scatters tensor by tensor.
-        compressed = [t for t in tensors if self._applies(t)]
-        compute = sum(self._compute(t) for t in compressed)
-        total = MessageCost(compute, 0.0, 0.0, compute)
-        rounds = [c.round_payloads(t, step, self._shards) for t in compressed]
-        batched = {MPI_ALLREDUCE: sum(t.nbytes for t in tensors if not self._applies(t))}
-        for r, group in enumerate(c.round_groups):
-            for per_round in rounds:
-                kind, nbytes = per_round[r]
-                if kind in (ALLGATHER, SPARSE_MERGE) or (kind, group) == (ALLREDUCE, WORLD):
-                    key = self._round_kind(kind, group)
-                    batched[key] = batched.get(key, 0.0) + nbytes
-                else:
-                    total = total + self.collective(self._round_kind(kind, group), nbytes)
-            for kind, nbytes in batched.items():
-                if nbytes > 0:
-                    total = total + self.collective(kind, nbytes)
-            batched = {}
-        return total
 
     def reduce_scatter(self, nbytes: float) -> MessageCost:
         """DeAR's first half: the engine's reduce-scatter of a bucket of ``nbytes`` (the
