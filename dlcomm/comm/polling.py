@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -48,28 +49,26 @@ def _fine_timer_slack() -> Iterator[None]:
     longer (the thread's timer slack), which would make every short wait at least 60 us.
     The thread's own slack is restored afterwards (where ``prctl`` exists)."""
     prctl = _prctl()
-    if prctl is None:
+    old = -1 if prctl is None else prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    if old <= 0:  # no prctl, or it failed: sleep with the slack the thread has
         yield
         return
-    old = prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
     prctl(_PR_SET_TIMERSLACK, SLEEP_SLACK_NS, 0, 0, 0)
     try:
         yield
     finally:
-        if old > 0:
-            prctl(_PR_SET_TIMERSLACK, old, 0, 0, 0)
+        prctl(_PR_SET_TIMERSLACK, old, 0, 0, 0)
 
 
-_PRCTL: list[Any] = []  # [the libc prctl function, or None where there is none]
-
-
+@functools.cache
 def _prctl() -> Any:
-    if not _PRCTL:
-        fn = None
-        if os.uname().sysname == "Linux":
-            with contextlib.suppress(OSError, AttributeError):
-                fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-        _PRCTL.append(fn)
-    return _PRCTL[0]
+    """libc's ``prctl`` (Linux), or None where there is none."""
+    if os.uname().sysname != "Linux":
+        return None
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    return fn
