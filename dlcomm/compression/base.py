@@ -207,7 +207,8 @@ class Compressor:
     def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
         """Every rank's final ALLGATHER payloads combined into one tensor: by default
         ``aggregate`` of each rank's ``decompress``; sparse compressors override it to add
-        each rank's values into one buffer instead of building a dense tensor per rank."""
+        each rank's values into one buffer instead of building a dense tensor per rank.
+        Returns a new array, which the caller owns (error feedback keeps it as it is)."""
         return self.aggregate([self.decompress(p, ctx) for p in per_rank], op)
 
     def merge(self, lower: list, higher: list, ctx: Context) -> list:

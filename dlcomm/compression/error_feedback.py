@@ -145,17 +145,20 @@ class ErrorFeedback(CompressorWrapper):
         return velocity * xp.clip(share, 0, 1).astype(velocity.dtype, copy=False)
 
     # -- momentum correction of the reduced result (identity when momentum is 0) -----------
-    def _velocity_step(self, result: object, ctx: Context) -> object:
+    def _velocity_step(self, result: object, ctx: Context, owned: bool = False) -> object:
         """``R_t - m R_{t-1}``: what an optimizer with momentum m must receive so that its
-        momentum buffer equals the reduced velocity ``R_t``."""
+        momentum buffer equals the reduced velocity ``R_t``. ``owned``: nothing else holds
+        ``result``, so it is kept as ``R_t`` itself rather than as a copy (the value
+        returned is then always another array)."""
         momentum = ctx.data.get(_MOMENTUM, 0.0)
         if not momentum:
             self.results.pop(ctx.name, None)
             return result
         previous = self.results.get(ctx.name)
-        self.results[ctx.name] = result.copy()
         if previous is None or previous.shape != result.shape:
+            self.results[ctx.name] = result.copy()
             return result
+        self.results[ctx.name] = result if owned else result.copy()
         # In place in the old result, which is no longer kept: -(p m) + r has the bits of
         # r - p m (negation is exact), without two temporaries of the tensor's size.
         previous *= previous.dtype.type(-momentum)
@@ -170,7 +173,16 @@ class ErrorFeedback(CompressorWrapper):
 
     def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
         check_op(op)
-        return self._velocity_step(self.inner.decompress_all(per_rank, ctx, op), ctx)
+        # A new array (``Compressor.decompress_all``'s contract): kept without a copy, which
+        # saves a pass over the tensor and its allocation every step.
+        result = self.inner.decompress_all(per_rank, ctx, op)
+        return self._velocity_step(result, ctx, owned=not self._holds(result, ctx.name))
+
+    def _holds(self, array: object, name: str) -> bool:
+        """Whether ``array`` shares memory with this wrapper's state of tensor ``name``."""
+        kept = [s for s in (self.states.get(name), self.velocities.get(name),
+                            self.results.get(name)) if s is not None]
+        return any(_shares_memory(array, s) for s in kept)
 
     def residual(self, name: str) -> object | None:
         """The current residual of tensor ``name`` (None before its first step)."""
@@ -206,3 +218,10 @@ class ErrorFeedback(CompressorWrapper):
     def describe(self) -> str:
         spec = self.inner.describe()
         return spec if self.momentum_correction else with_param(spec, "mc", 0)
+
+
+def _shares_memory(a: object, b: object) -> bool:
+    """Whether ``a`` and ``b`` may overlap in memory (True where it cannot be told: the
+    caller then copies)."""
+    check = getattr(array_namespace(a), "may_share_memory", None)
+    return True if check is None else bool(check(a, b))

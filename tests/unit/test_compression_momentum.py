@@ -196,3 +196,22 @@ def test_native_approx_topk_with_momentum_equals_the_reference_path(monkeypatch)
         out_native = native.decompress_all([p_native, other], ctx_native)
         out_ref = reference.decompress_all([p_ref, other], ctx_ref)
         assert np.array_equal(out_native, out_ref), step
+
+
+@pytest.mark.parametrize("spec", ["topk:ratio=0.05", "topk:ratio=0.05,approx=1",
+                                  "gtopk:ratio=0.05", "efsignsgd"])
+def test_the_kept_reduced_velocity_is_not_what_the_caller_gets(spec):
+    """``decompress_all``'s new array is kept as ``R_t`` without a copy: what the optimizer
+    receives is always another array, so a caller that writes into it (an adapter filling a
+    gradient in place) cannot change the next step's correction."""
+    size = 3
+    clean = [make(spec) for _ in range(size)]
+    dirty = [make(spec) for _ in range(size)]
+    for step in range(4):
+        tensors = grads(size, step)
+        want = simulate(clean, [t.copy() for t in tensors], "w")
+        got = simulate(dirty, [t.copy() for t in tensors], "w")
+        np.testing.assert_array_equal(got, want)
+        for c in dirty:
+            assert not np.may_share_memory(c.results["w"], got)
+        got[...] = 1e30  # the caller scribbles on its result
