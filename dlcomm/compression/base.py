@@ -161,6 +161,13 @@ class Compressor:
         once per exchange (it may count)."""
         return self.applies_to(tensor)
 
+    def for_tensor(self, tensor: object, name: str, comm: Any) -> Compressor:
+        """The compressor that exchanges ``tensor`` over ``comm`` once ``compresses`` said
+        yes: this one, or for a choice among compressors (``topk:hierarchical=auto``) the
+        one chosen for it. The driver calls it on every rank at the same point, so a choice
+        may run collectives over ``comm`` (its first measurement)."""
+        return self
+
     # -- the protocol ----------------------------------------------------------------------
     def compress(self, tensor: object, name: str) -> tuple[list, Context]:
         """Return round 0's payloads for ``tensor`` and the context for the next calls."""
@@ -302,6 +309,10 @@ class CompressorWrapper(Compressor):
     @property
     def compress_1d(self) -> bool:  # type: ignore[override]
         return self.inner.compress_1d
+
+    @property
+    def summable(self) -> bool:
+        return self.inner.summable
 
     def compresses(self, tensor: object, name: str) -> bool:
         return self.inner.compresses(tensor, name)

@@ -36,5 +36,11 @@ class DenseStart(CompressorWrapper):
             return False
         return True
 
+    def for_tensor(self, tensor: object, name: str, comm: object) -> Compressor:
+        """Once ``compresses`` has counted this exchange, the rest is the inner compressor's
+        (a choice among compressors chooses here)."""
+        chosen = self.inner.for_tensor(tensor, name, comm)
+        return self if chosen is self.inner else chosen
+
     def describe(self) -> str:
         return with_param(self.inner.describe(), "start_iter", self.start_iter)

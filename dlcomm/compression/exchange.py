@@ -102,12 +102,14 @@ class _Tensor:
     dense: bool  # bypasses compression: summed as it is in the first round
     result: Any = None
 
+    @property
+    def rounds(self) -> tuple[str, ...]:
+        """This tensor's rounds: one all-reduce when it goes dense, else its compressor's."""
+        return (ALLREDUCE,) if self.dense else self.compressor.rounds
+
     def round_kind(self, r: int) -> str | None:
         """The collective of round ``r`` for this tensor, None once it is done."""
-        if self.dense:
-            return ALLREDUCE if r == 0 else None
-        rounds = self.compressor.rounds
-        return rounds[r] if r < len(rounds) else None
+        return self.rounds[r] if r < len(self.rounds) else None
 
     def round_group(self, r: int) -> str:
         """The ranks round ``r``'s collective spans (WORLD for dense tensors)."""
@@ -123,15 +125,16 @@ def run_rounds(
     compressed all-reduce, behind ``compressed_allreduce`` and the engine's fused path.
 
     ``items`` are ``(compressor, tensor, name)``; tensors a compressor does not compress
-    (``Compressor.compresses``) go dense in the first round. In each round, the world's
-    all-reduce payloads of every tensor are summed together by ``sum_payloads(arrays) ->
-    sums`` (default: one ``comm.allreduce_sum`` per array; the engine passes one that fuses
-    them); per group of ranks (``Compressor.groups``: the world, or HOST and PEER
-    sub-communicators from ``topology.host_groups``, whose ``HostTopology`` the driver puts
-    in ``ctx.topology``) its all-gather payloads travel in one packed all-gather
-    (``allgather_batch``) and its merge trees exchange every tensor's payloads in one
-    message per step (``sparse_tree_merge_batch``); reduce-scatter rounds and all-reduce
-    rounds over a group run per tensor, in order.
+    (``Compressor.compresses``) go dense in the first round, the others go through
+    ``compressor.for_tensor`` (itself, or the compressor a choice picks for the tensor). In each
+    round, the world's all-reduce payloads of every tensor are summed together by
+    ``sum_payloads(arrays) -> sums`` (default: one ``comm.allreduce_sum`` per array; the engine
+    passes one that fuses them); per group of ranks (``Compressor.groups``: the world, or HOST
+    and PEER sub-communicators from ``topology.host_groups``, whose ``HostTopology`` the driver
+    puts in ``ctx.topology``) its all-gather payloads travel in one packed all-gather
+    (``allgather_batch``) and its merge trees exchange every tensor's payloads in one message
+    per step (``sparse_tree_merge_batch``); reduce-scatter rounds and all-reduce rounds over a
+    group run per tensor, in order.
     ``phase(index, name)`` (optional) wraps each tensor's compress and decompress, for the
     timeline. Returns ``(value, summed)`` per tensor: the sum over
     ranks when ``summed`` (divide by ``comm.size`` to average), else already combined as
@@ -147,11 +150,12 @@ def run_rounds(
     for i, (compressor, tensor, name) in enumerate(items):
         with phase(i, "compress"):
             if compressor.compresses(tensor, name):
-                tensors.append(_Tensor(compressor, *compressor.compress(tensor, name), False))
+                chosen = compressor.for_tensor(tensor, name, comm)
+                tensors.append(_Tensor(chosen, *chosen.compress(tensor, name), False))
             else:  # small or 1-D, or within DenseStart's first exchanges
                 tensors.append(_Tensor(compressor, [tensor], None, True))
     hosts = _host_groups_for(tensors, comm)
-    rounds = max((len(t.compressor.rounds) for t in tensors if not t.dense), default=1)
+    rounds = max((len(t.rounds) for t in tensors), default=1)
     for r in range(rounds):
         summing = [t for t in tensors
                    if t.round_kind(r) == ALLREDUCE and t.round_group(r) == WORLD]
@@ -163,7 +167,7 @@ def run_rounds(
             gathering = [t for t in tensors
                          if t.round_kind(r) == ALLGATHER and t.round_group(r) == group]
             merging = [t for t in tensors if t.round_kind(r) == SPARSE_MERGE
-                       and t.round_group(r) == group and r < len(t.compressor.rounds) - 1]
+                       and t.round_group(r) == group and r < len(t.rounds) - 1]
             if not gathering and not merging:
                 continue
             sub = comm if group == WORLD else getattr(hosts, group)
@@ -183,7 +187,7 @@ def run_rounds(
                 continue
             group = t.round_group(r)
             sub = comm if group == WORLD else getattr(hosts, group)
-            last = r == len(t.compressor.rounds) - 1
+            last = r == len(t.rounds) - 1
             if kind == ALLREDUCE and group != WORLD:
                 t.result = [sub.allreduce_sum(p) for p in t.payloads]
             elif kind == REDUCE_SCATTER and not last:
@@ -200,7 +204,7 @@ def run_rounds(
         with phase(i, "decompress"):
             if t.dense:
                 out.append((t.result[0], True))
-            elif t.compressor.rounds[-1] == ALLREDUCE:
+            elif t.rounds[-1] == ALLREDUCE:
                 out.append((t.compressor.decompress(t.result, t.ctx), True))
             else:
                 op = "average" if average else "sum"

@@ -6,6 +6,9 @@ Spec syntax::
     cast   := "fp16" | "bf16"        (casts the payloads of `name`, see payload_cast)
 
 e.g. ``"none"``, ``"topk:ratio=0.01,approx=1"``, ``"powersgd:rank=4+fp16"``, ``"qsgd:levels=8"``.
+``topk`` also takes ``hierarchical=0|1|auto``: flat (the default), ``htopk`` with the same
+parameters, or per tensor whichever of the two measures faster where ranks span several hosts
+(``HierarchyChoice``).
 Every compressor also takes ``start_iter=N`` (each tensor's first N exchanges go dense, as
 DDP's PowerSGD hook's ``start_powerSGD_iter``; ``DenseStart``), ``ef=0|1`` and, with error
 feedback, ``mc=0|1`` (momentum correction, on by default; ``mc=0`` keeps error feedback on
@@ -28,6 +31,7 @@ from dlcomm.compression.casts import BF16Compressor, FP16Compressor, NoneCompres
 from dlcomm.compression.dense_start import DenseStart, check_start_iter
 from dlcomm.compression.error_feedback import ErrorFeedback
 from dlcomm.compression.gtopk import GTopK
+from dlcomm.compression.hierarchy_choice import HierarchyChoice
 from dlcomm.compression.htopk import HierarchicalTopK
 from dlcomm.compression.lowrank import ACPSGD, PowerSGD
 from dlcomm.compression.payload_cast import CASTS, PayloadCast
@@ -39,6 +43,10 @@ ENV_COMPRESSION = "DLCOMM_COMPRESSION"
 ENV_MIN_COMPRESS_SIZE = "DLCOMM_MIN_COMPRESS_SIZE"
 ENV_COMPRESS_1D = "DLCOMM_COMPRESS_1D"
 
+
+# topk's ``hierarchical``: flat (0), always ``htopk`` (1), or chosen per tensor by measured
+# cost (auto; ``hierarchy_choice``). A tuple as a parameter type lists the values it takes.
+HIERARCHY_MODES = ("0", "1", "auto")
 
 # Parameters every compressor takes (module doc), beside its own.
 COMMON_PARAMS: Mapping[str, type] = {"ef": bool, "mc": bool, "start_iter": int}
@@ -57,7 +65,8 @@ REGISTRY: dict[str, Entry] = {
     "none": Entry(NoneCompressor, {}, False),
     "fp16": Entry(FP16Compressor, {}, False),
     "bf16": Entry(BF16Compressor, {}, False),
-    "topk": Entry(TopK, {"ratio": float, "approx": bool}, True),
+    "topk": Entry(TopK, {"ratio": float, "approx": bool, "hierarchical": HIERARCHY_MODES},
+                  True),
     "randomk": Entry(RandomK, {"ratio": float, "seed": int, "unbiased": bool}, False),
     "gtopk": Entry(GTopK, {"ratio": float}, True),
     "htopk": Entry(HierarchicalTopK, {"ratio": float, "approx": bool}, True),
@@ -89,7 +98,12 @@ def available_compressors() -> list[str]:
     return sorted(REGISTRY)
 
 
-def _parse_value(compressor: str, key: str, raw: str, kind: type) -> object:
+def _parse_value(compressor: str, key: str, raw: str, kind: type | tuple) -> object:
+    if isinstance(kind, tuple):
+        if raw not in kind:
+            raise ValueError(f"{compressor}: parameter {key}={raw!r} is not one of "
+                             f"{list(kind)}")
+        return raw
     try:
         if kind is bool:
             if raw not in ("0", "1", "true", "false", "True", "False"):
@@ -144,6 +158,9 @@ def get_compressor(
         min_compress_size = env_size if min_compress_size is None else min_compress_size
         compress_1d = env_1d if compress_1d is None else compress_1d
     name, params, cast = parse_spec(spec)
+    hierarchical = params.pop("hierarchical", "0") if name == "topk" else "0"
+    if hierarchical != "0":
+        return _hierarchical_topk(params, cast, hierarchical, min_compress_size, compress_1d)
     entry = REGISTRY[name]
     ef = bool(params.pop("ef", entry.error_feedback))
     mc = params.pop("mc", None)
@@ -161,6 +178,24 @@ def get_compressor(
     if start_iter:
         compressor = DenseStart(compressor, start_iter)
     return compressor
+
+
+def _hierarchical_topk(params: dict[str, object], cast: str | None, mode: str,
+                       min_compress_size: int, compress_1d: bool) -> Compressor:
+    """``topk:...,hierarchical=1`` is ``htopk:...``; ``hierarchical=auto`` a
+    ``HierarchyChoice`` between the two, each with its own error feedback, under one
+    ``DenseStart`` (which counts a tensor's dense exchanges before either sees it)."""
+    def build(compressor: str, params: dict[str, object]) -> Compressor:
+        args = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}"
+                        for k, v in params.items())
+        return get_compressor(f"{compressor}:{args}" + (f"+{cast}" if cast else ""),
+                              min_compress_size=min_compress_size, compress_1d=compress_1d)
+
+    if mode == "1":
+        return build("htopk", params)
+    start_iter = check_start_iter(params.pop("start_iter", 0))
+    chosen = HierarchyChoice(build("topk", params), build("htopk", params))
+    return DenseStart(chosen, start_iter) if start_iter else chosen
 
 
 def compressor_from_env(

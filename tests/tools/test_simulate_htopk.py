@@ -170,3 +170,11 @@ def test_compute_is_topks_estimate_unless_measured() -> None:
     assert htopk.compute_seconds(t, 2, GPU, shards=2) == topk.compute_seconds(t, 1, GPU)
     measured = {"htopk:ratio=0.05": MeasuredCost(1e-5, 1e-9)}
     assert htopk.compute_seconds(t, 2, GPU, measured, shards=2) == pytest.approx(1e-5 + 1e-3)
+
+
+def test_topk_hierarchical_1_is_htopk_and_auto_is_refused_with_a_way_out():
+    one = CompressorModel.parse("topk:ratio=0.1,approx=1,hierarchical=1")
+    assert one == CompressorModel.parse("htopk:ratio=0.1,approx=1")
+    assert CompressorModel.parse("topk:ratio=0.1,hierarchical=0").name == "topk"
+    with pytest.raises(ValueError, match="give both as methods"):
+        CompressorModel.parse("topk:ratio=0.1,hierarchical=auto")

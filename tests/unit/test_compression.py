@@ -288,7 +288,8 @@ def test_registry_builds_every_compressor_with_default_error_feedback():
     ("randomk:ratio=-1", r"\(0, 1\]"), ("gtopk:ratio=2", r"\(0, 1\]"),
     ("powersgd:rank=0", ">= 1"), ("acpsgd:rank=-2", ">= 1"), ("qsgd:levels=0", ">= 1"),
     ("zip", "valid names: .*'topk'"), ("", "valid names"),
-    ("topk:k=5", r"valid parameters: \['approx', 'ef', 'mc', 'ratio', 'start_iter'\]"),
+    ("topk:k=5", r"valid parameters: \['approx', 'ef', 'hierarchical', 'mc', 'ratio', "
+                 r"'start_iter'\]"),
     ("topk:ratio", "valid parameters"), ("qsgd:levels=2.5", "not int"),
     ("topk:approx=maybe", "0 or 1"), ("topk+fp8", r"\['fp16', 'bf16'\]"),
     ("powersgd+bf16", "use '\\+fp16'"),

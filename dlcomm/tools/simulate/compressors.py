@@ -115,6 +115,14 @@ class CompressorModel:
         from dlcomm.compression.registry import get_compressor, parse_spec
 
         name, params, cast = parse_spec(spec)
+        hierarchical = params.pop("hierarchical", "0")
+        if hierarchical == "auto":
+            raise ValueError(f"{spec!r}: the simulator models topk and htopk apart, not the "
+                             "measured choice between them; give both as methods")
+        if hierarchical == "1":  # topk:...,hierarchical=1 is htopk with the same parameters
+            name = "htopk"
+            spec = "htopk:" + ",".join(f"{k}={int(v) if isinstance(v, bool) else v}"
+                                       for k, v in params.items()) + (f"+{cast}" if cast else "")
         if name not in COST_MODELS:
             raise ValueError(f"the simulator has no model of compressor {name!r}; it models "
                              f"{', '.join(COST_MODELS)}")
