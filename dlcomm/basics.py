@@ -38,7 +38,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | None = None,
     config = load_config(**settings)
     _init_settings.clear()
     _init_settings.update(settings)
-    logging.getLogger("dlcomm").setLevel(config.log_level.upper())
+    _start_logging(config.log_level)
     # Importing mpi4py.MPI initialises MPI, so the transport loads here and not at
     # `import dlcomm`: a process that only launches jobs (dlcommrun) must not become an MPI
     # process. The engine imports the transport too.
@@ -226,3 +226,16 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     del s.process_sets[set_id]
     process_set.process_set_id = None
     return True
+
+
+def _start_logging(level: str) -> None:
+    """Set the 'dlcomm' logger's level (``DLCOMM_LOG_LEVEL``) and, when neither it nor the
+    root logger has a handler (the application configured no logging), print its records to
+    stderr, so that ``DLCOMM_LOG_LEVEL=info`` shows INFO records as Horovod's
+    ``HOROVOD_LOG_LEVEL`` does (Python's last-resort handler prints WARNING and above only)."""
+    logger = logging.getLogger("dlcomm")
+    logger.setLevel(level.upper())
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("dlcomm %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
