@@ -117,7 +117,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("backend", "auto", str,
          "Data-path backend: 'auto' (NCCL for CuPy arrays when available, MPI otherwise), "
          "'mpi' or 'nccl'."),
-    Knob("log_level", "warning", str, "Logging level of the 'dlcomm' logger."),
+    Knob("log_level", "warning", str,
+         "Logging level of the 'dlcomm' logger (to stderr unless the application "
+         "configured logging)."),
     Knob("compression", "none", str,
          "Compressor used by DistributedOptimizer when no compression= is given, e.g. "
          "'topk:ratio=0.01' (see docs/compression.md).", where="DistributedOptimizer"),
