@@ -188,6 +188,12 @@ KNOBS: tuple[Knob, ...] = (
          "Largest message of the pipelined all-reduce (suffixes k, M allowed); raised where a "
          "block would have more than 32 segments. The same on every rank.",
          where="pipelined_allreduce"),
+    Knob("compression_cost_cache", "", str,
+         "Directory where topk:hierarchical=auto keeps the flat and hierarchical top-k costs "
+         "measured per topology (each rank's host, the emulated network, the compressor "
+         "spec), so later jobs choose alike without measuring; empty: "
+         "~/.cache/dlcomm/compression; 'off': measure in every job.",
+         where="HierarchyChoice"),
     Knob("allreduce_model_cache", "", str,
          "Directory where auto/fastest keep the cost model measured per topology (rank "
          "count, each rank's host, the emulated network), so later jobs skip the measurement; "

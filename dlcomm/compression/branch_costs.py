@@ -6,19 +6,35 @@ through the driver that training uses (``exchange.run_rounds``). Two probe sizes
 candidates alternated within each repeat so that a drift of the machine's speed hits them
 alike, the median of the repeats, and the slowest rank's time, gathered so that every rank
 holds the same numbers and so makes the same choice for every tensor.
+
+``cached_branch_costs`` keeps the result in a file named after what it depends on (each
+rank's host, the emulated network, the candidates), in ``DLCOMM_COMPRESSION_COST_CACHE``:
+later jobs on the same hosts read it instead of measuring, so they choose alike.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import socket
 import statistics
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dlcomm.array_api import from_host
 from dlcomm.compression.base import Compressor
 from dlcomm.compression.exchange import ExchangeComm, run_rounds
+from dlcomm.config import knob_value
+
+CACHE_KNOB = "compression_cost_cache"
+CACHE_OFF = "off"
+CACHE_VERSION = 1  # bump when the probe or the candidates' code changes what they cost
 
 PROBE_NAME = "__dlcomm_branch_probe__"
 PROBE_ELEMENTS = (1 << 16, 1 << 20)  # float elements; at least the bypass size (see probe_sizes)
@@ -50,6 +66,17 @@ class BranchCosts:
     def cheapest(self, elements: int) -> str:
         """The candidate predicted fastest for ``elements`` (the first listed on a tie)."""
         return min(self.seconds, key=lambda name: self.predict(name, elements))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sizes": list(self.sizes),
+                "seconds": {name: list(times) for name, times in self.seconds.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BranchCosts:
+        """What ``to_json`` wrote; ValueError (or KeyError, TypeError) on anything else."""
+        return cls(tuple(int(n) for n in data["sizes"]),
+                   {str(name): tuple(float(t) for t in times)
+                    for name, times in data["seconds"].items()})
 
 
 def probe_sizes(min_compress_size: int) -> tuple[int, int]:
@@ -93,3 +120,74 @@ def measure_branch_costs(candidates: Mapping[str, Compressor], comm: ExchangeCom
     return BranchCosts(tuple(int(n) for n in sizes), {
         name: tuple(float(t) for t in slowest[i * count:(i + 1) * count])
         for i, name in enumerate(candidates)})
+
+
+def cache_directory(setting: str | None = None) -> Path | None:
+    """Where measured costs are kept: ``setting``, else ``DLCOMM_COMPRESSION_COST_CACHE``
+    (default ``~/.cache/dlcomm/compression``); None when it says ``off``."""
+    if setting is not None and not isinstance(setting, (str, os.PathLike)):
+        raise TypeError(f"{CACHE_KNOB} must be a path string, got {setting!r}")
+    text = str(knob_value(CACHE_KNOB, None if setting is None else str(setting))).strip()
+    if text.lower() == CACHE_OFF:
+        return None
+    return Path(text).expanduser() if text else Path.home() / ".cache" / "dlcomm" / "compression"
+
+
+def cache_key(hosts: Sequence[str], candidates: Mapping[str, Compressor], dtype: Any,
+              sizes: Sequence[int], context: Sequence[Any] = ()) -> str:
+    """A file name for what a measurement depends on: each rank's host, the candidates'
+    specs, the dtype and probe sizes, the emulated network, and ``context`` (the caller's:
+    e.g. how ranks group into hosts)."""
+    text = json.dumps([CACHE_VERSION, list(hosts), os.environ.get("DLCOMM_EMULATE", ""),
+                       {name: c.describe() for name, c in candidates.items()},
+                       np.dtype(dtype).str, list(sizes), list(context)])
+    return (f"p{len(hosts)}-h{len(set(hosts))}-"
+            f"{hashlib.sha256(text.encode()).hexdigest()[:16]}")
+
+
+def cached_branch_costs(candidates: Mapping[str, Compressor], comm: Any, like: object,
+                        context: Sequence[Any] = (), setting: str | None = None
+                        ) -> BranchCosts:
+    """``measure_branch_costs`` through the file cache (collective; ``comm`` must gather
+    Python objects, as the transport's communicators do): rank 0 reads the file and every
+    rank takes its costs; without one, every rank measures and rank 0 writes the file."""
+    directory = cache_directory(setting)
+    sizes = probe_sizes(max(c.min_compress_size for c in candidates.values()))
+    hosts = comm.allgather(socket.gethostname())
+    key = cache_key(hosts, candidates, like.dtype, sizes, context)
+    path = None if directory is None else directory / f"{key}.json"
+    found = comm.allgather(_read(path, set(candidates)) if comm.rank == 0 else None)[0]
+    if found is not None:
+        return BranchCosts.from_json(found)
+    costs = measure_branch_costs(candidates, comm, like, sizes)
+    if comm.rank == 0 and path is not None:
+        _write(path, costs)
+    return costs
+
+
+def _read(path: Path | None, names: set[str]) -> dict[str, Any] | None:
+    """The cached costs' JSON if the file holds costs of exactly these candidates."""
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+        costs = BranchCosts.from_json(data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # absent, unreadable or another version: measure again
+    return data if set(costs.seconds) == names else None
+
+
+def _write(path: Path, costs: BranchCosts) -> None:
+    """Write atomically (a job that reads meanwhile sees the old file or the new one); a
+    directory that cannot be written only costs the next job a measurement."""
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
+                                         suffix=".tmp") as f:
+            temporary = f.name
+            json.dump(costs.to_json(), f)
+        os.replace(temporary, path)
+    except OSError:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)

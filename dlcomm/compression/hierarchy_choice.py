@@ -8,8 +8,10 @@ flat wins at 1% and ``htopk`` at 10%: docs/compression.md). So the choice is mea
 assumed: on first use over a communicator whose ranks span several hosts with several ranks
 each, both candidates are timed end to end on two probe sizes (``branch_costs``; every rank
 gets the slowest rank's times), and each tensor goes to the one predicted faster for its size.
-A tensor keeps its choice for the whole run (and in checkpoints). With one host, or a host of
-one rank, there is nothing to save inside a host: flat, and nothing is measured.
+The costs are kept per topology in ``DLCOMM_COMPRESSION_COST_CACHE``, so later jobs on the
+same hosts choose alike without measuring. A tensor keeps its choice for the whole run (and
+in checkpoints). With one host, or a host of one rank, there is nothing to save inside a
+host: flat, and nothing is measured.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ import logging
 from typing import Any
 
 from dlcomm.compression.base import Compressor, Context, with_param
-from dlcomm.compression.branch_costs import BranchCosts, measure_branch_costs
-from dlcomm.compression.topology import host_groups
+from dlcomm.compression.branch_costs import BranchCosts, cache_directory, cached_branch_costs
+from dlcomm.compression.topology import RANKS_PER_HOST_KNOB, host_groups
+from dlcomm.config import knob_value
 
 FLAT = "topk"
 HIERARCHICAL = "htopk"
@@ -33,12 +36,15 @@ class HierarchyChoice(Compressor):
 
     ``costs``: a ``BranchCosts`` to choose with instead of measuring (tests, or a model
     measured elsewhere); its candidates must be ``"topk"`` and ``"htopk"``.
+    ``compression_cost_cache``: the cache directory (None: ``DLCOMM_COMPRESSION_COST_CACHE``;
+    ``"off"``: measure in every job).
     """
 
     name = "topk"
 
     def __init__(self, flat: Compressor, hierarchical: Compressor,
-                 costs: BranchCosts | None = None) -> None:
+                 costs: BranchCosts | None = None,
+                 compression_cost_cache: str | None = None) -> None:
         for role, c in (("flat", flat), ("hierarchical", hierarchical)):
             if not isinstance(c, Compressor):
                 raise TypeError(f"{role} must be a Compressor, got {type(c).__name__}")
@@ -47,6 +53,8 @@ class HierarchyChoice(Compressor):
         if costs is not None and (not isinstance(costs, BranchCosts)
                                   or set(costs.seconds) != set(CHOICES)):
             raise ValueError(f"costs must be a BranchCosts of {list(CHOICES)}, got {costs!r}")
+        cache_directory(compression_cost_cache)  # a bad setting fails here, not mid-step
+        self.cost_cache = compression_cost_cache
         self.flat = flat
         self.hierarchical = hierarchical
         self.fixed_costs = costs
@@ -96,10 +104,13 @@ class HierarchyChoice(Compressor):
             return FLAT
         costs = self.fixed_costs
         if costs is None:
-            costs = comm.cached(("topk_hierarchy_costs", self.describe()),
-                                lambda: measure_branch_costs(
+            topology = host_groups(comm).topology
+            context = (topology.host_count, topology.shards,
+                       int(knob_value(RANKS_PER_HOST_KNOB)))
+            costs = comm.cached(("topk_hierarchy_costs", self.describe(), tensor.dtype.str),
+                                lambda: cached_branch_costs(
                                     {FLAT: self.flat, HIERARCHICAL: self.hierarchical},
-                                    comm, tensor))
+                                    comm, tensor, context, self.cost_cache))
         self.costs = costs
         choice = costs.cheapest(int(tensor.size))
         if comm.rank == 0:

@@ -89,6 +89,24 @@ for step in range(2):
     for i in range(len(shapes)):
         want = (hier if auto.choices[f"t{i}"] == "htopk" else flat)[step][i]
         assert np.array_equal(got[step][i], want), (step, i, auto.choices)
+
+# 4. A later job on the same hosts (a new communicator: nothing cached on it) reads the
+#    costs from DLCOMM_COMPRESSION_COST_CACHE instead of measuring, and chooses alike.
+import dlcomm.compression.branch_costs as branch_costs
+
+
+def no_measuring(*args, **kwargs):
+    raise AssertionError("measured although the cache holds the costs")
+
+
+branch_costs.measure_branch_costs = no_measuring
+later = build("topk:ratio=0.1,hierarchical=auto")
+rng = np.random.default_rng([rank, 0, 26])
+run_rounds([(later, rng.standard_normal(s).astype(np.float32), f"t{i}")
+            for i, s in enumerate(shapes)], MPICommAdapter(world.Dup()), True)
+assert later.choices == auto.choices, (later.choices, auto.choices)
+if HIERARCHY:
+    assert later.costs == auto.costs
 print(f"OK {rank} {sorted(set(auto.choices.values()))}", flush=True)
 '''
 

@@ -3,6 +3,8 @@ with, the measurement's bookkeeping, and the errors. The choice on real ranks is
 tests/multirank/test_compression_hierarchy_choice.py."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -131,3 +133,84 @@ def test_momentum_and_reset_reach_both_candidates():
     compressed_allreduce(auto, np.ones((40, 30), np.float32), "w", SelfComm())
     auto.reset_state("w")
     assert not auto.choices and "w" not in auto.flat.states
+
+
+class _ObjectSelfComm(SelfComm):
+    """One rank whose all-gather takes any object, as the transport's communicators do."""
+
+    def allgather(self, obj: object) -> list:
+        return [obj]
+
+
+def _candidates():
+    return {"topk": get_compressor("topk:ratio=0.1"), "htopk": get_compressor("htopk:ratio=0.1")}
+
+
+def test_costs_survive_json():
+    costs = BranchCosts((64, 1024), {"topk": (0.001, 0.003), "htopk": (0.002, 0.0025)})
+    assert BranchCosts.from_json(json.loads(json.dumps(costs.to_json()))) == costs
+
+
+def test_the_cache_is_written_once_and_read_by_later_jobs(tmp_path, monkeypatch):
+    from dlcomm.compression import branch_costs
+
+    like = np.zeros(1, np.float32)
+    first = branch_costs.cached_branch_costs(_candidates(), _ObjectSelfComm(), like,
+                                             setting=str(tmp_path))
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and files[0].name.startswith("p1-h1-")
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured although the cache holds the costs")
+
+    monkeypatch.setattr(branch_costs, "measure_branch_costs", no_measuring)
+    again = branch_costs.cached_branch_costs(_candidates(), _ObjectSelfComm(), like,
+                                             setting=str(tmp_path))
+    assert again == first
+    # Another spec, dtype, host grouping or emulated network is another file: measured.
+    for args, env in [((get_compressor("topk:ratio=0.2"),), {}), ((), {"dtype": np.float64}),
+                      ((), {"context": (2, 2, 0)}), ((), {"emulate": "4x1gbit"})]:
+        candidates = _candidates()
+        if args:
+            candidates["topk"] = args[0]
+        if "emulate" in env:
+            monkeypatch.setenv("DLCOMM_EMULATE", env["emulate"])
+        with pytest.raises(AssertionError, match="measured"):
+            branch_costs.cached_branch_costs(
+                candidates, _ObjectSelfComm(), np.zeros(1, env.get("dtype", np.float32)),
+                context=env.get("context", ()), setting=str(tmp_path))
+        monkeypatch.delenv("DLCOMM_EMULATE", raising=False)
+
+
+def test_a_bad_or_foreign_cache_file_is_measured_again(tmp_path):
+    from dlcomm.compression import branch_costs
+
+    like = np.zeros(1, np.float32)
+    branch_costs.cached_branch_costs(_candidates(), _ObjectSelfComm(), like,
+                                     setting=str(tmp_path))
+    (path,) = tmp_path.glob("*.json")
+    for text in ["not json", json.dumps({"sizes": [1, 2], "seconds": {"a": [1.0, 2.0]}}),
+                 json.dumps({"sizes": [2, 1], "seconds": {"topk": [1.0, 2.0]}})]:
+        path.write_text(text)
+        costs = branch_costs.cached_branch_costs(_candidates(), _ObjectSelfComm(), like,
+                                                 setting=str(tmp_path))
+        assert set(costs.seconds) == {"topk", "htopk"}
+        assert BranchCosts.from_json(json.loads(path.read_text())) == costs
+
+
+def test_off_or_an_unwritable_cache_measures_and_keeps_nothing(tmp_path):
+    from dlcomm.compression import branch_costs
+
+    like = np.zeros(1, np.float32)
+    costs = branch_costs.cached_branch_costs(_candidates(), _ObjectSelfComm(), like,
+                                             setting="off")
+    assert set(costs.seconds) == {"topk", "htopk"}
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    costs = branch_costs.cached_branch_costs(_candidates(), _ObjectSelfComm(), like,
+                                             setting=str(blocked / "cache"))
+    assert set(costs.seconds) == {"topk", "htopk"} and blocked.read_text() == ""
+    assert branch_costs.cache_directory("off") is None
+    with pytest.raises(TypeError):
+        HierarchyChoice(get_compressor("topk"), get_compressor("htopk"),
+                        compression_cost_cache=3)
