@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from dlcomm.comm.counting import CountingCommunicator
 from dlcomm.compression.base import Compressor, Context, with_param
 from dlcomm.compression.branch_costs import BranchCosts, cache_directory, cached_branch_costs
 from dlcomm.compression.topology import RANKS_PER_HOST_KNOB, host_groups
@@ -107,10 +108,12 @@ class HierarchyChoice(Compressor):
             topology = host_groups(comm).topology
             context = (topology.host_count, topology.shards,
                        int(knob_value(RANKS_PER_HOST_KNOB)))
+            # The probes are not the job's payload: dlcomm.bytes_sent() does not count them.
+            probe_comm = comm.inner if isinstance(comm, CountingCommunicator) else comm
             costs = comm.cached(("topk_hierarchy_costs", self.describe(), tensor.dtype.str),
                                 lambda: cached_branch_costs(
                                     {FLAT: self.flat, HIERARCHICAL: self.hierarchical},
-                                    comm, tensor, context, self.cost_cache))
+                                    probe_comm, tensor, context, self.cost_cache))
         self.costs = costs
         choice = costs.cheapest(int(tensor.size))
         if comm.rank == 0:
