@@ -4,8 +4,10 @@ A choice among compressors (``hierarchy_choice``) times every candidate end to e
 communicator it will run on: compress, every round, decompress, error feedback included,
 through the driver that training uses (``exchange.run_rounds``). Two probe sizes, the
 candidates alternated within each repeat so that a drift of the machine's speed hits them
-alike, the median of the repeats, and the slowest rank's time, gathered so that every rank
-holds the same numbers and so makes the same choice for every tensor.
+alike, the fastest of the repeats (the probe runs while training computes on the same cores,
+which only ever adds time, and more to the candidate with more rounds; the large exchanges
+it predicts run once backward is done), and the slowest rank's time, gathered so that every
+rank holds the same numbers and so makes the same choice for every tensor.
 
 ``cached_branch_costs`` keeps the result in a file named after what it depends on (each
 rank's host, the emulated network, the candidates), in ``DLCOMM_COMPRESSION_COST_CACHE``:
@@ -17,7 +19,6 @@ import hashlib
 import json
 import os
 import socket
-import statistics
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -34,16 +35,16 @@ from dlcomm.config import knob_value
 
 CACHE_KNOB = "compression_cost_cache"
 CACHE_OFF = "off"
-CACHE_VERSION = 1  # bump when the probe or the candidates' code changes what they cost
+CACHE_VERSION = 2  # bump when the probe or the candidates' code changes what they cost
 
 PROBE_NAME = "__dlcomm_branch_probe__"
 PROBE_ELEMENTS = (1 << 16, 1 << 20)  # float elements; at least the bypass size (see probe_sizes)
-PROBE_REPEATS = 3  # timed exchanges per candidate and size, after one untimed
+PROBE_REPEATS = 5  # timed exchanges per candidate and size, after one untimed
 
 
 @dataclass(frozen=True)
 class BranchCosts:
-    """Seconds per exchange of each candidate at each probe size (the slowest rank's median),
+    """Seconds per exchange of each candidate at each probe size (the slowest rank's fastest),
     and a straight line through them for any size. The same on every rank."""
 
     sizes: tuple[int, ...]
@@ -113,7 +114,7 @@ def measure_branch_costs(candidates: Mapping[str, Compressor], comm: ExchangeCom
                     samples[name].append(time.perf_counter() - start)
         for name, compressor in candidates.items():
             compressor.reset_state(PROBE_NAME)
-            measured[name].append(statistics.median(samples[name]))
+            measured[name].append(min(samples[name]))
     mine = np.array([t for name in candidates for t in measured[name]], dtype=np.float64)
     slowest = np.max(np.stack([np.asarray(r) for r in comm.allgather(mine)]), axis=0)
     count = len(sizes)
