@@ -108,6 +108,9 @@ class CompressorModel:
     rounds: tuple[str, ...]
     summable: bool
     groups: tuple[str, ...] = ()  # per round, the ranks it spans (empty: all of them)
+    # topk:hierarchical=auto: the htopk model each tensor may go to instead, whichever the
+    # simulator predicts faster for it alone (the library measures; ``messages``)
+    alternative: CompressorModel | None = None
 
     @classmethod
     def parse(cls, spec: str) -> CompressorModel:
@@ -116,13 +119,14 @@ class CompressorModel:
 
         name, params, cast = parse_spec(spec)
         hierarchical = params.pop("hierarchical", "0")
-        if hierarchical == "auto":
-            raise ValueError(f"{spec!r}: the simulator models topk and htopk apart, not the "
-                             "measured choice between them; give both as methods")
-        if hierarchical == "1":  # topk:...,hierarchical=1 is htopk with the same parameters
-            name = "htopk"
-            spec = "htopk:" + ",".join(f"{k}={int(v) if isinstance(v, bool) else v}"
-                                       for k, v in params.items()) + (f"+{cast}" if cast else "")
+        if hierarchical != "0":  # topk:...,hierarchical=1 is htopk with the same parameters
+            args = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}"
+                            for k, v in params.items()) + (f"+{cast}" if cast else "")
+            if hierarchical == "auto":
+                flat = cls.parse(f"topk:{args}")
+                return dataclasses.replace(flat, spec=spec.strip(),
+                                           alternative=cls.parse(f"htopk:{args}"))
+            name, spec = "htopk", f"htopk:{args}"
         if name not in COST_MODELS:
             raise ValueError(f"the simulator has no model of compressor {name!r}; it models "
                              f"{', '.join(COST_MODELS)}")

@@ -21,6 +21,9 @@ Rounds over a HOST or PEER group (``htopk``) run on sub-communicators: a HOST ro
 collective on one host (``Topology(1, slots)``: local links only), a PEER round a ring
 all-gather among the hosts in which every rank of a host crosses at once
 (``collectives.peer_allgather``); only PEER rounds put bytes on the network link.
+``topk:hierarchical=auto`` sends each tensor through flat top-k or ``htopk``, whichever this
+model predicts faster for the tensor alone, where hosts hold several ranks (as the library
+does with its measurement); the group's rounds then mix both.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from dlcomm.tools.simulate.compressors import (
     REDUCE_SCATTER,
     SPARSE_MERGE,
     WORLD,
+    CompressorModel,
     MeasuredCost,
 )
 from dlcomm.tools.simulate.devices import Device
@@ -121,6 +125,7 @@ class MessageModel:
         self.measured_costs = dict(measured_costs or {})
         self.compressor = method.compressor
         self._collective = lru_cache(maxsize=None)(self._collective_uncached)
+        self._choices: dict[tuple[int, int], CompressorModel] = {}  # model_for's, by size
 
     def _from_cost(self, cost: Cost, payload: float) -> MessageCost:
         return MessageCost(cost.seconds(self.network.params), cost.link_bytes, payload,
@@ -190,9 +195,24 @@ class MessageModel:
         """A plain fused all-reduce of ``nbytes`` with the method's algorithm."""
         return self.collective(ALLREDUCE, nbytes)
 
-    def _compute(self, tensor: Tensor) -> float:
-        return self.cpu_share * self.compressor.compute_seconds(
+    def _compute(self, tensor: Tensor, model: CompressorModel) -> float:
+        return self.cpu_share * model.compute_seconds(
             tensor, self.network.workers, self.device, self.measured_costs, self._shards)
+
+    def model_for(self, tensor: Tensor, step: int = 0) -> CompressorModel:
+        """The compressor ``tensor`` goes through: the method's, or for
+        ``topk:hierarchical=auto`` flat or hierarchical top-k, whichever this model predicts
+        faster for the tensor alone (flat where no host holds several ranks)."""
+        c = self.compressor
+        topo = self.network.topology
+        if c.alternative is None or topo.hosts < 2 or topo.slots_per_host < 2:
+            return c
+        key = (tensor.numel, step)
+        if key not in self._choices:
+            self._choices[key] = min(
+                (c, c.alternative),
+                key=lambda m: self._negotiated(self._group([tensor], step, m)).seconds)
+        return self._choices[key]
 
     @property
     def _shards(self) -> int:
@@ -217,7 +237,10 @@ class MessageModel:
         ``step`` (ACP-SGD alternates P and Q with the step)."""
         return self._negotiated(self._group(tensors, step))
 
-    def _group(self, tensors: Sequence[Tensor], step: int) -> MessageCost:
+    def _group(self, tensors: Sequence[Tensor], step: int,
+               model: CompressorModel | None = None) -> MessageCost:
+        """``model`` (optional): every compressed tensor through it, else through
+        ``model_for``'s choice."""
         if not tensors:
             return NOTHING
         c = self.compressor
@@ -230,13 +253,18 @@ class MessageModel:
         # tensor's payloads; reduce-scatters tensor by tensor.
         world_sum = ALLREDUCE if c.summable else MPI_ALLREDUCE
         compressed = [t for t in tensors if self._applies(t)]
-        compute = sum(self._compute(t) for t in compressed)
+        models = [model or self.model_for(t, step) for t in compressed]
+        compute = sum(self._compute(t, m) for t, m in zip(compressed, models))
         total = MessageCost(compute, 0.0, 0.0, compute)
-        rounds = [c.round_payloads(t, step, self._shards) for t in compressed]
+        rounds = [[(kind, nbytes, group) for (kind, nbytes), group in
+                   zip(m.round_payloads(t, step, self._shards), m.round_groups)]
+                  for t, m in zip(compressed, models)]
         batched = {world_sum: sum(t.nbytes for t in tensors if not self._applies(t))}
-        for r, group in enumerate(c.round_groups):
-            for per_round in rounds:
-                kind, nbytes = per_round[r]
+        for r in range(max((len(per_tensor) for per_tensor in rounds), default=1)):
+            for per_tensor in rounds:
+                if r >= len(per_tensor):
+                    continue
+                kind, nbytes, group = per_tensor[r]
                 if (kind, group) == (ALLREDUCE, WORLD):
                     key = world_sum
                 elif kind in (ALLGATHER, SPARSE_MERGE):
