@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -334,6 +335,25 @@ def count_above(grad: np.ndarray, threshold: Any, residual: np.ndarray | None = 
     return int(fn(_ptr(grad), None if residual is None else _ptr(residual), grad.size, thr))
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(dtype: np.dtype, n: int) -> np.ndarray:
+    """A 1-D buffer of at least ``n`` elements of ``dtype``, kept per thread and reused.
+
+    ``ef_select``'s picks land at each thread's chunk offset, so its output buffers span the
+    whole tensor although few elements are written: fresh ones fault their touched pages in
+    on every call, which can be slow (docs/compression.md); reused ones stay mapped."""
+    buffers = getattr(_SCRATCH, "buffers", None)
+    if buffers is None:
+        buffers = _SCRATCH.buffers = {}
+    key = np.dtype(dtype)
+    buf = buffers.get(key)
+    if buf is None or buf.size < n:
+        buf = buffers[key] = np.empty(n, dtype=key)
+    return buf[:n]
+
+
 def ef_select(
     grad: np.ndarray, threshold: Any, residual: np.ndarray | None = None,
     index_dtype: Any = np.int32,
@@ -360,8 +380,8 @@ def ef_select(
         estimate[idx] = values
         return values, idx.astype(index_dtype), np.subtract(flat, estimate).reshape(grad.shape)
     n = grad.size
-    values = np.empty(n, dtype=grad.dtype)
-    indices = np.empty(n, dtype=index_dtype)
+    values = _scratch(grad.dtype, n)
+    indices = _scratch(index_dtype, n)
     new_residual = np.empty(grad.shape, dtype=grad.dtype)
     fn = _LIB.dlc_ef_select_f32 if grad.dtype == np.float32 else _LIB.dlc_ef_select_f64
     count = fn(_ptr(grad), None if residual is None else _ptr(residual), n, thr, _ptr(values),

@@ -223,6 +223,37 @@ def test_ef_select_equals_reference(dtype, n, with_residual, index_dtype):
 
 
 @needs_library
+def test_ef_select_reuses_its_buffers_without_aliasing_its_results():
+    """The output buffers are kept per thread and reused (no fresh pages to fault in every
+    call); what a call returns is its own, untouched by later calls, in any thread."""
+    import threading
+
+    rng = np.random.default_rng(11)
+    grads = [rng.standard_normal(BIG).astype(np.float32) for _ in range(3)]
+    first = native.ef_select(grads[0], 1.5)
+    kept = [a.copy() for a in first]
+    native.ef_select(grads[1], 0.5)  # more picks, written over the same buffers
+    for a, b in zip(first, kept):
+        assert same_bits(a, b)
+    assert not np.shares_memory(first[0], native.ef_select(grads[2], 1.5)[0])
+    results = {}
+
+    def work(i: int) -> None:
+        for _ in range(5):
+            results[i] = native.ef_select(grads[i], 1.0 + i / 4)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(3):
+        for g, e in zip(results[i], reference_select(grads[i], np.float32(1.0 + i / 4), None,
+                                                     np.int32)):
+            assert same_bits(g, e)
+
+
+@needs_library
 @SETTINGS
 @given(data=st.data())
 def test_ef_select_any_bits(data):
