@@ -19,7 +19,7 @@ from mpi_run import REPO
 from dlcomm.launcher import check_build as cb
 from dlcomm.launcher import dlcommrun
 from dlcomm.launcher.dlcommrun import UsageError, main, parse_args
-from dlcomm.launcher.mpirun_command import build_mpirun_command, last_flag_wins
+from dlcomm.launcher.mpirun_command import MALLOC_TUNABLES, build_mpirun_command, last_flag_wins
 
 
 def launcher_env() -> dict[str, str]:
@@ -145,6 +145,22 @@ def test_a_users_mca_parameter_replaces_dlcomms_default() -> None:
     assert cmd[cmd.index("mpi_yield_when_idle") - 1:][:3] == ["-mca", "mpi_yield_when_idle",
                                                               "0"]
     assert "btl" in cmd and cmd.count("none") == 0 and "core" in cmd
+
+
+def test_malloc_keeps_its_memory_unless_the_user_set_glibc_tunables() -> None:
+    tuned = f"GLIBC_TUNABLES={MALLOC_TUNABLES}"
+    for hosts in (None, "a:4,b:4"):  # every rank, on this machine or on real hosts
+        cmd = build_mpirun_command(8, ["x"], env={}, is_root=False, cores=4, hosts=hosts)
+        assert cmd[cmd.index(tuned) - 1] == "-x"
+    # The user's own (an empty one keeps glibc's defaults) is forwarded instead.
+    for env, forward in (({"GLIBC_TUNABLES": ""}, ()), ({}, ["GLIBC_TUNABLES=x"]),
+                         ({"MALLOC_ARENA_MAX": "2"}, ())):
+        cmd = build_mpirun_command(2, ["x"], env=env, is_root=False, cores=4,
+                                   forward_env=forward)
+        assert (tuned in cmd) == ("MALLOC_ARENA_MAX" in env)
+        assert cmd.count("GLIBC_TUNABLES") + cmd.count("GLIBC_TUNABLES=x") == (
+            0 if "MALLOC_ARENA_MAX" in env else 1)
+        assert ("MALLOC_ARENA_MAX" in cmd) == ("MALLOC_ARENA_MAX" in env)
 
 
 def test_last_flag_wins_keeps_everything_else_in_order() -> None:
