@@ -16,7 +16,6 @@ import json
 import math
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm import cache_files
 from dlcomm.collectives.buffers import CommLike, check_comm
 from dlcomm.ops import ReduceOp
 
@@ -32,7 +32,6 @@ MODEL_VERSION = 3
 PROBE_SIZES = (8 << 10, 256 << 10, 4 << 20)  # bytes of float32
 PROBE_REPEATS = (7, 5, 3)  # timed calls per size: more where one call is quick and noisy
 MODEL_CACHE_ENV = "DLCOMM_ALLREDUCE_MODEL_CACHE"
-CACHE_OFF = "off"
 
 Algorithm = Callable[..., np.ndarray]
 
@@ -138,10 +137,7 @@ def cache_directory(allreduce_model_cache: str | None = None,
         text = environ.get(MODEL_CACHE_ENV, "")
     if not isinstance(text, str):
         raise TypeError(f"allreduce_model_cache must be a path string, got {text!r}")
-    text = text.strip()
-    if text.lower() == CACHE_OFF:
-        return None
-    return Path(text).expanduser() if text else Path.home() / ".cache" / "dlcomm" / "allreduce"
+    return cache_files.cache_directory(text, "allreduce")
 
 
 def topology_key(hosts: Sequence[str], candidates: Sequence[str], segment_bytes: int,
@@ -166,20 +162,9 @@ def read_cached(directory: Path | None, key: str) -> CostModel | None:
 
 
 def write_cached(directory: Path | None, model: CostModel) -> None:
-    if directory is None:
-        return
-    temporary = None
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=directory, delete=False,
-                                         suffix=".tmp") as f:
-            temporary = f.name
-            json.dump(model.to_json(), f, indent=1)
-        # A rename is atomic: a job reading the cache never sees half a file.
-        os.replace(temporary, directory / f"{model.topology}.json")
-    except OSError:
-        if temporary is not None:  # a read-only or full disk: the next job measures again
-            Path(temporary).unlink(missing_ok=True)
+    if directory is not None:
+        cache_files.write_json_atomic(directory / f"{model.topology}.json", model.to_json(),
+                                      indent=1)
 
 
 def measure(comm: CommLike, algorithms: Mapping[str, Algorithm],

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from dlcomm import cache_files
 from dlcomm.array_api import from_host
 from dlcomm.compression.base import Compressor
 from dlcomm.compression.exchange import ExchangeComm, run_rounds
 from dlcomm.config import knob_value
 
 CACHE_KNOB = "compression_cost_cache"
-CACHE_OFF = "off"
 CACHE_VERSION = 2  # bump when the probe or the candidates' code changes what they cost
 
 PROBE_NAME = "__dlcomm_branch_probe__"
@@ -128,10 +127,8 @@ def cache_directory(setting: str | None = None) -> Path | None:
     (default ``~/.cache/dlcomm/compression``); None when it says ``off``."""
     if setting is not None and not isinstance(setting, (str, os.PathLike)):
         raise TypeError(f"{CACHE_KNOB} must be a path string, got {setting!r}")
-    text = str(knob_value(CACHE_KNOB, None if setting is None else str(setting))).strip()
-    if text.lower() == CACHE_OFF:
-        return None
-    return Path(text).expanduser() if text else Path.home() / ".cache" / "dlcomm" / "compression"
+    text = knob_value(CACHE_KNOB, None if setting is None else str(setting))
+    return cache_files.cache_directory(str(text), "compression")
 
 
 def cache_key(hosts: Sequence[str], candidates: Mapping[str, Compressor], dtype: Any,
@@ -162,7 +159,7 @@ def cached_branch_costs(candidates: Mapping[str, Compressor], comm: Any, like: o
         return BranchCosts.from_json(found)
     costs = measure_branch_costs(candidates, comm, like, sizes)
     if comm.rank == 0 and path is not None:
-        _write(path, costs)
+        cache_files.write_json_atomic(path, costs.to_json())
     return costs
 
 
@@ -177,18 +174,3 @@ def _read(path: Path | None, names: set[str]) -> dict[str, Any] | None:
         return None  # absent, unreadable or another version: measure again
     return data if set(costs.seconds) == names else None
 
-
-def _write(path: Path, costs: BranchCosts) -> None:
-    """Write atomically (a job that reads meanwhile sees the old file or the new one); a
-    directory that cannot be written only costs the next job a measurement."""
-    temporary = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False,
-                                         suffix=".tmp") as f:
-            temporary = f.name
-            json.dump(costs.to_json(), f)
-        os.replace(temporary, path)
-    except OSError:
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
