@@ -143,6 +143,12 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object], str | None]:
     return name, params, (cast if plus else None)
 
 
+def format_spec(name: str, params: Mapping[str, object], cast: str | None = None) -> str:
+    """The spec ``parse_spec`` reads back as ``(name, params, cast)``: booleans as 0/1."""
+    args = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in params.items())
+    return f"{name}:{args}" + (f"+{cast}" if cast else "")
+
+
 def get_compressor(
     spec: str,
     *,
@@ -186,9 +192,7 @@ def _hierarchical_topk(params: dict[str, object], cast: str | None, mode: str,
     ``HierarchyChoice`` between the two, each with its own error feedback, under one
     ``DenseStart`` (which counts a tensor's dense exchanges before either sees it)."""
     def build(compressor: str, params: dict[str, object]) -> Compressor:
-        args = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}"
-                        for k, v in params.items())
-        return get_compressor(f"{compressor}:{args}" + (f"+{cast}" if cast else ""),
+        return get_compressor(format_spec(compressor, params, cast),
                               min_compress_size=min_compress_size, compress_1d=compress_1d)
 
     if mode == "1":

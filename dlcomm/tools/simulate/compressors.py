@@ -115,18 +115,17 @@ class CompressorModel:
     @classmethod
     def parse(cls, spec: str) -> CompressorModel:
         """Parse a ``DLCOMM_COMPRESSION`` spec with dlcomm's own parser."""
-        from dlcomm.compression.registry import get_compressor, parse_spec
+        from dlcomm.compression.registry import format_spec, get_compressor, parse_spec
 
         name, params, cast = parse_spec(spec)
         hierarchical = params.pop("hierarchical", "0")
         if hierarchical != "0":  # topk:...,hierarchical=1 is htopk with the same parameters
-            args = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}"
-                            for k, v in params.items()) + (f"+{cast}" if cast else "")
             if hierarchical == "auto":
-                flat = cls.parse(f"topk:{args}")
+                flat = cls.parse(format_spec("topk", params, cast))
                 return dataclasses.replace(flat, spec=spec.strip(),
-                                           alternative=cls.parse(f"htopk:{args}"))
-            name, spec = "htopk", f"htopk:{args}"
+                                           alternative=cls.parse(format_spec("htopk", params,
+                                                                             cast)))
+            name, spec = "htopk", format_spec("htopk", params, cast)
         if name not in COST_MODELS:
             raise ValueError(f"the simulator has no model of compressor {name!r}; it models "
                              f"{', '.join(COST_MODELS)}")
