@@ -21,7 +21,7 @@ from typing import Any
 from dlcomm.comm.counting import CountingCommunicator
 from dlcomm.compression.base import Compressor, Context, with_param
 from dlcomm.compression.branch_costs import BranchCosts, cache_directory, cached_branch_costs
-from dlcomm.compression.topology import RANKS_PER_HOST_KNOB, host_groups
+from dlcomm.compression.topology import RANKS_PER_HOST_KNOB, HostTopology, host_groups
 from dlcomm.config import knob_value
 
 FLAT = "topk"
@@ -101,11 +101,11 @@ class HierarchyChoice(Compressor):
         return self.flat if choice == FLAT else self.hierarchical
 
     def _choose(self, tensor: object, name: str, comm: Any) -> str:
-        if not _spans_hosts_of_several(comm):
+        topology = _hosts_of_several(comm)
+        if topology is None:
             return FLAT
         costs = self.fixed_costs
         if costs is None:
-            topology = host_groups(comm).topology
             context = (topology.host_count, topology.shards,
                        int(knob_value(RANKS_PER_HOST_KNOB)))
             # The probes are not the job's payload: dlcomm.bytes_sent() does not count them.
@@ -154,11 +154,12 @@ class HierarchyChoice(Compressor):
                         "for_tensor picks; the exchange driver (run_rounds) asks it")
 
 
-def _spans_hosts_of_several(comm: Any) -> bool:
-    """Whether ``comm``'s ranks span several hosts that each hold several ranks (where
-    ``htopk`` has a sum inside a host to make). Collective the first time (``host_groups``)."""
+def _hosts_of_several(comm: Any) -> HostTopology | None:
+    """``comm``'s host topology where its ranks span several hosts that each hold several
+    ranks (where ``htopk`` has a sum inside a host to make), else None. Collective the first
+    time (``host_groups``)."""
     if comm.size == 1 or not all(hasattr(comm, a) for a in ("split", "split_by_host",
                                                               "cached")):
-        return False
+        return None
     topology = host_groups(comm).topology
-    return topology.host_count > 1 and topology.shards > 1
+    return topology if topology.host_count > 1 and topology.shards > 1 else None
