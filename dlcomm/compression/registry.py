@@ -149,6 +149,24 @@ def format_spec(name: str, params: Mapping[str, object], cast: str | None = None
     return f"{name}:{args}" + (f"+{cast}" if cast else "")
 
 
+def split_spec_list(text: str) -> list[str]:
+    """Split a list of specs at ';', or at ',' where a piece with '=' and no ':' stays a
+    parameter of the spec before it (``none,topk:ratio=0.01,approx=1`` is two specs)."""
+    if ";" in text:
+        pieces = text.split(";")
+    else:
+        pieces = []
+        for piece in text.split(","):
+            if pieces and "=" in piece and ":" not in piece:
+                pieces[-1] += "," + piece
+            else:
+                pieces.append(piece)
+    out = [p.strip() for p in pieces if p.strip()]
+    if not out:
+        raise ValueError(f"empty list of compression specs: {text!r}")
+    return out
+
+
 def get_compressor(
     spec: str,
     *,

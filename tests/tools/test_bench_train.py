@@ -49,6 +49,10 @@ def test_lists_and_job_commands() -> None:
     assert train.parse_list("none,fp16") == ["none", "fp16"]
     assert train.parse_list("topk:ratio=0.01,approx=1;none") == ["topk:ratio=0.01,approx=1",
                                                                 "none"]
+    # with commas only, a spec's own parameters stay with it
+    assert train.parse_list("topk:ratio=0.01,approx=1") == ["topk:ratio=0.01,approx=1"]
+    assert train.parse_list("none,topk:ratio=0.1,approx=1,fp16") == [
+        "none", "topk:ratio=0.1,approx=1", "fp16"]
     with pytest.raises(ValueError, match="empty"):
         train.parse_list(" , ")
     settings = train.TrainSettings(model="tiny", iters=2, emulate="4x1gbit")

@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--dataset", default="mnist", choices=["mnist", "digits"])
     p.add_argument("--specs", default=",".join(DEFAULT_SPECS),
-                   help="comma-separated compressor specs; use ';' to separate if a spec "
-                        "contains commas")
+                   help="compressor specs separated by ',' (a spec's own parameters stay "
+                        "with it) or by ';'")
     p.add_argument("--output", default=None, help="write a Markdown section here")
     p.add_argument("--json", default=None, help="write every job's summary here")
     p.add_argument("--emulate", default=None,
@@ -110,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--target must be in (0, 1], got {args.target}")
     if args.slots_per_host < 1:
         p.error(f"--slots-per-host must be >= 1, got {args.slots_per_host}")
-    specs = args.specs.split(";") if ";" in args.specs else DEFAULT_SPECS if \
-        args.specs == ",".join(DEFAULT_SPECS) else args.specs.split(",")
+    from dlcomm.compression.registry import split_spec_list
+
+    specs = split_spec_list(args.specs)
     results = []
     for spec in specs:
         results.append(run_one(spec, args.np, args.epochs, args.dataset,

@@ -67,12 +67,10 @@ class TrainSettings:
 
 
 def parse_list(text: str) -> list[str]:
-    """Split a ';'-separated list, or a ','-separated one when no spec has parameters."""
-    items = text.split(";") if ";" in text else text.split(",")
-    out = [i.strip() for i in items if i.strip()]
-    if not out:
-        raise ValueError(f"empty list: {text!r}")
-    return out
+    """Split a list of specs (or names): see ``split_spec_list``."""
+    from dlcomm.compression.registry import split_spec_list
+
+    return split_spec_list(text)
 
 
 def job_command(framework: str, np_: int, compression: str, schedule: str,
@@ -273,8 +271,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--np", type=int, default=4, help="ranks of the multi-rank runs")
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn", "tiny"])
     p.add_argument("--configs", default="none,fp16",
-                   help="compressions; separate with ';' when a spec has ',' (default "
-                        "none,fp16)")
+                   help="compressions separated by ',' (a spec's own parameters stay "
+                        "with it) or by ';' (default none,fp16)")
     p.add_argument("--schedules", default="wfbp", help="comma-separated: wfbp, mgwfbp, "
                    "dear, none")
     p.add_argument("--peers", default="ddp", help="'ddp' (torch DDP over gloo with the "
