@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import statistics
+import time
 import timeit
 from contextlib import nullcontext
 
@@ -181,9 +182,14 @@ def run(framework: str, args: argparse.Namespace) -> dict:
 
     timeit.timeit(step, number=args.num_warmup_batches)
     rates = []
+    process_cpu, main_cpu = time.process_time(), time.thread_time()
     for _ in range(args.num_iters):
         t = timeit.timeit(step, number=args.num_batches_per_iter)
         rates.append(args.batch_size * args.num_batches_per_iter / t)
+    # CPU time per iteration of this rank's training thread and of its other threads (the
+    # communication engine's): where ranks share cores, their sum bounds the speed.
+    main_ms = (time.thread_time() - main_cpu) * 1e3 / args.num_iters
+    other_ms = (time.process_time() - process_cpu) * 1e3 / args.num_iters - main_ms
     if fw.flush is not None:  # schedule=dear: apply the last step's updates
         fw.flush()
     per_rank = statistics.median(rates)
@@ -196,7 +202,12 @@ def run(framework: str, args: argparse.Namespace) -> dict:
               "per_rank_samples_per_s": per_rank, "total_samples_per_s": total,
               "ms_per_iteration": 1e3 * args.batch_size / per_rank,
               "steps": steps, "final_loss": loss, "lr": args.lr * fw.size,
-              "momentum": args.momentum, "parameters": fw.parameters}
+              "momentum": args.momentum, "parameters": fw.parameters,
+              "iteration_ms": [1e3 * args.batch_size * args.num_batches_per_iter / r
+                               for r in rates],  # this rank's (rank 0's in the JSON)
+              "cpu_ms_per_iteration": {  # means over ranks
+                  "main_thread": fw.sum_over_ranks(main_ms) / fw.size,
+                  "other_threads": fw.sum_over_ranks(other_ms) / fw.size}}
     is_root = fw.rank == 0
     fw.shutdown()
     return result if is_root else {}

@@ -154,3 +154,8 @@ def test_tiny_real_run_against_ddp(tmp_path: Path) -> None:
     assert ddp["same_loss"] is True
     assert row["final_loss"] == pytest.approx(ddp["final_loss"], rel=1e-4)
     assert "dlcomm / DDP speed" in proc.stdout and "ddp round 1/1" in proc.stdout
+    # per round: rank 0's time of each timed iteration, and CPU time per iteration
+    (times,), (cpu,) = row["iteration_ms"], row["cpu_ms_per_iteration"]
+    assert len(times) == 1 and times[0] > 0
+    assert times[0] == pytest.approx(1e3 * 2 * 32 / (ours / 2), rel=0.5)  # rank 0 alone
+    assert cpu["main_thread"] > 0 and cpu["other_threads"] >= 0

@@ -178,6 +178,9 @@ def measure(np_: int, configs: list[str], schedules: list[str], settings: TrainS
             "total_samples_per_s": total, "per_rank_samples_per_s": total / np_,
             "ms_per_iteration": 1e3 * settings.batch_size * np_ / total,
             "rounds": totals, "final_loss": runs[-1]["final_loss"], "peers": {},
+            # per round: rank 0's iteration times, CPU time per iteration (rank means)
+            "iteration_ms": [r.get("iteration_ms") for r in runs],
+            "cpu_ms_per_iteration": [r.get("cpu_ms_per_iteration") for r in runs],
         }
         if scaling:
             one = single[(compression, schedule)]["per_rank_samples_per_s"]
