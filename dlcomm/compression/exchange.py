@@ -127,7 +127,8 @@ def run_rounds(
     ``items`` are ``(compressor, tensor, name)``; tensors a compressor does not compress
     (``Compressor.compresses``) go dense in the first round, the others go through
     ``compressor.for_tensor`` (itself, or the compressor a choice picks for the tensor). In each
-    round, the world's all-reduce payloads of every tensor are summed together by
+    round, after the gathers and merges, the world's all-reduce payloads of every tensor
+    are summed together by
     ``sum_payloads(arrays) -> sums`` (default: one ``comm.allreduce_sum`` per array; the engine
     passes one that fuses them); per group of ranks (``Compressor.groups``: the world, or HOST
     and PEER sub-communicators from ``topology.host_groups``, whose ``HostTopology`` the driver
@@ -157,12 +158,9 @@ def run_rounds(
     hosts = _host_groups_for(tensors, comm)
     rounds = max((len(t.rounds) for t in tensors), default=1)
     for r in range(rounds):
-        summing = [t for t in tensors
-                   if t.round_kind(r) == ALLREDUCE and t.round_group(r) == WORLD]
-        sums = sum_payloads([p for t in summing for p in t.payloads])
-        pos = 0
-        for t in summing:
-            t.result, pos = sums[pos:pos + len(t.payloads)], pos + len(t.payloads)
+        # The gathers and merges go first: their waits poll, so ranks that finished
+        # compressing early sleep there until the slowest arrives, rather than in the sums'
+        # blocking MPI all-reduce, which spins and takes the cores the others compress on.
         for group in GROUPS:  # the same order on every rank
             gathering = [t for t in tensors
                          if t.round_kind(r) == ALLGATHER and t.round_group(r) == group]
@@ -181,6 +179,12 @@ def run_rounds(
                 [(t.compressor, t.payloads, t.ctx) for t in merging], sub)
             for t, result in zip(merging, merged):
                 t.result = result
+        summing = [t for t in tensors
+                   if t.round_kind(r) == ALLREDUCE and t.round_group(r) == WORLD]
+        sums = sum_payloads([p for t in summing for p in t.payloads])
+        pos = 0
+        for t in summing:
+            t.result, pos = sums[pos:pos + len(t.payloads)], pos + len(t.payloads)
         for t in tensors:
             kind = t.round_kind(r)
             if kind is None:
