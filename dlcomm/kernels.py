@@ -48,6 +48,10 @@ _SIGNATURES = {
                                  _INT, _VOID_P]),
     "dlc_ef_select_f64": (_I64, [_VOID_P, _VOID_P, _I64, ctypes.c_double, _VOID_P, _VOID_P,
                                  _INT, _VOID_P]),
+    "dlc_scatter_add_f32": (_I64, [_VOID_P, _I64, _VOID_P, _VOID_P, _INT, _I64]),
+    "dlc_scatter_add_f64": (_I64, [_VOID_P, _I64, _VOID_P, _VOID_P, _INT, _I64]),
+    "dlc_velocity_step_f32": (None, [_VOID_P, _VOID_P, _I64, ctypes.c_float]),
+    "dlc_velocity_step_f64": (None, [_VOID_P, _VOID_P, _I64, ctypes.c_double]),
 }
 
 
@@ -387,3 +391,45 @@ def ef_select(
     count = fn(_ptr(grad), None if residual is None else _ptr(residual), n, thr, _ptr(values),
                _ptr(indices), index_dtype.itemsize, _ptr(new_residual))
     return values[:count].copy(), indices[:count].copy(), new_residual
+
+
+# ---- sparse into dense, and momentum correction's step -------------------------------------
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def scatter_add_(out: Any, indices: Any, values: Any) -> None:
+    """``out.reshape(-1)[indices] += values`` in place (numpy's semantics: a repeated index
+    keeps its last sum), one pass over the indices where numpy converts and gathers them."""
+    flat = out.reshape(-1) if isinstance(out, np.ndarray) and out.flags.c_contiguous else None
+    if (flat is None or _LIB is None or flat.dtype not in _FLOATS
+            or not isinstance(values, np.ndarray) or values.dtype != flat.dtype
+            or not isinstance(indices, np.ndarray) or indices.dtype not in INDEX_DTYPES
+            or values.ndim != 1 or indices.shape != values.shape
+            or not values.flags.c_contiguous or not indices.flags.c_contiguous
+            or not flat.flags.writeable):
+        out.reshape(-1)[indices] += values
+        return
+    fn = _LIB.dlc_scatter_add_f32 if flat.dtype == np.float32 else _LIB.dlc_scatter_add_f64
+    if fn(_ptr(flat), flat.size, _ptr(values), _ptr(indices), indices.dtype.itemsize,
+          indices.size) != 0:
+        flat[indices] += values  # an index outside [0, n): numpy wraps or raises
+
+
+def velocity_step_(result: Any, kept: Any, momentum: float) -> None:
+    """Momentum correction's step, in place: ``result`` becomes ``kept * -momentum + result``
+    (``kept *= -m; kept += result``'s bits) and ``kept`` becomes the old ``result``."""
+    if (isinstance(result, np.ndarray) and isinstance(kept, np.ndarray) and _LIB is not None
+            and result.dtype in _FLOATS and kept.dtype == result.dtype
+            and result.shape == kept.shape and result.flags.c_contiguous
+            and kept.flags.c_contiguous and result.flags.writeable and kept.flags.writeable
+            and not np.shares_memory(result, kept)):
+        fn = (_LIB.dlc_velocity_step_f32 if result.dtype == np.float32
+              else _LIB.dlc_velocity_step_f64)
+        fn(_ptr(result), _ptr(kept), result.size, -momentum)
+        return
+    xp = array_api.array_namespace(result)
+    old = xp.asarray(result).copy()
+    kept *= kept.dtype.type(-momentum)
+    kept += result
+    result[...] = kept
+    kept[...] = old

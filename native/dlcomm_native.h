@@ -72,6 +72,20 @@ DLC_API int64_t dlc_ef_select_f64(const double* grad, const double* residual, in
                                   double threshold, double* values, void* indices,
                                   int index_bytes, double* new_residual);
 
+// ---- sparse into dense, and momentum correction's step (native/scatter.cpp) -----------
+// scatter_add: numpy's out[indices] += values on a flat out of n elements (int32 indices
+//   when index_bytes == 4, else int64): all k sums are read before any is written, so a
+//   repeated index keeps its last sum. Returns -1, writing nothing, when an index lies
+//   outside [0, n) (numpy would wrap a negative one or raise); 0 otherwise.
+DLC_API int64_t dlc_scatter_add_f32(float* out, int64_t n, const float* values,
+                                    const void* indices, int index_bytes, int64_t k);
+DLC_API int64_t dlc_scatter_add_f64(double* out, int64_t n, const double* values,
+                                    const void* indices, int index_bytes, int64_t k);
+// velocity_step: r = result[i]; result[i] = kept[i] * scale + r (two roundings, as numpy's
+//   kept *= scale; kept += result); kept[i] = r. One pass where numpy makes three.
+DLC_API void dlc_velocity_step_f32(float* result, float* kept, int64_t n, float scale);
+DLC_API void dlc_velocity_step_f64(double* result, double* kept, int64_t n, double scale);
+
 #ifdef __cplusplus
 }  // extern "C"
 

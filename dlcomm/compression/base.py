@@ -23,6 +23,8 @@ does)::
         out = c.decompress(result, ctx)                 # sum over ranks; / size to average
     else:  # ALLGATHER
         out = c.decompress_all(result, ctx, op)         # all ranks' payloads, combined
+        # or, into the caller's buffer where the compressor offers it (sparse ones):
+        # c.decompress_all_into(result, ctx, op, out) is not None
 
 A round spans every rank unless ``Compressor.groups`` says HOST (the ranks of this rank's
 host) or PEER (the ranks with this local rank on every host); the driver then runs it on those
@@ -34,7 +36,8 @@ the end (low-rank compressors orthogonalise, which is scale-free, so sums are en
 
 Compressors hold no state other than per-tensor-name state objects (``self.states``), e.g.
 PowerSGD's warm-start Q or a step counter. ``decompress`` on ALLREDUCE results and
-``decompress_all`` are called exactly once per step and tensor, so they may update such state
+``decompress_all`` (or ``decompress_all_into``) are called exactly once per step and tensor, so
+they may update such state
 (error feedback's momentum correction does); ``local_estimate`` (what this rank alone sent,
 used by error feedback), ``unsent`` and ``decompress`` of ALLGATHER payloads must not.
 """
@@ -218,6 +221,16 @@ class Compressor:
         Returns a new array, which the caller owns (error feedback keeps it as it is)."""
         return self.aggregate([self.decompress(p, ctx) for p in per_rank], op)
 
+    def decompress_all_into(self, per_rank: list, ctx: Context, op: str, out: object
+                            ) -> object | None:
+        """``decompress_all`` written into ``out`` (an array of ``ctx.shape``/``ctx.dtype``)
+        instead of a new array, for compressors whose result is sparse: returns the flat
+        indices outside which ``out`` is now zero (repeats allowed; ``slice(None)``: any
+        position may be non-zero). None (``out`` untouched;
+        the caller then calls ``decompress_all``) where the compressor does not offer it.
+        The same bits as ``decompress_all``; it saves the dense temporaries and the copy."""
+        return None
+
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         """Combine two ranks' SPARSE_MERGE payloads (lower rank first, so all ranks agree)."""
         raise NotImplementedError(f"{self.name} has no SPARSE_MERGE round")
@@ -339,6 +352,10 @@ class CompressorWrapper(Compressor):
         # Only valid while this wrapper's decompress is the inner one's; wrappers that
         # transform payloads (PayloadCast) override it.
         return self.inner.decompress_all(per_rank, ctx, op)
+
+    def decompress_all_into(self, per_rank: list, ctx: Context, op: str, out: object
+                            ) -> object | None:
+        return self.inner.decompress_all_into(per_rank, ctx, op, out)
 
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         return self.inner.merge(lower, higher, ctx)

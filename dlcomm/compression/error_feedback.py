@@ -35,6 +35,7 @@ from dlcomm.compression.base import (
 )
 from dlcomm.compression.sparsify import TopK, k_for
 from dlcomm.compression.topk_select import native_topk_with_residual
+from dlcomm.kernels import velocity_step_
 
 _ACC = "error_feedback_acc"
 _MOMENTUM = "error_feedback_momentum"
@@ -148,8 +149,8 @@ class ErrorFeedback(CompressorWrapper):
     def _velocity_step(self, result: object, ctx: Context, owned: bool = False) -> object:
         """``R_t - m R_{t-1}``: what an optimizer with momentum m must receive so that its
         momentum buffer equals the reduced velocity ``R_t``. ``owned``: nothing else holds
-        ``result``, so it is kept as ``R_t`` itself rather than as a copy (the value
-        returned is then always another array)."""
+        ``result``: it becomes ``R_t - m R_{t-1}`` in place and the kept ``R_{t-1}`` becomes
+        ``R_t`` in the same pass; otherwise the kept result is a copy."""
         momentum = ctx.data.get(_MOMENTUM, 0.0)
         if not momentum:
             self.results.pop(ctx.name, None)
@@ -158,7 +159,11 @@ class ErrorFeedback(CompressorWrapper):
         if previous is None or previous.shape != result.shape:
             self.results[ctx.name] = result.copy()
             return result
-        self.results[ctx.name] = result if owned else result.copy()
+        if owned and previous.dtype == result.dtype:
+            velocity_step_(result, previous, momentum)  # one pass, the bits of the two below
+            self.results[ctx.name] = previous
+            return result
+        self.results[ctx.name] = result.copy()
         # In place in the old result, which is no longer kept: -(p m) + r has the bits of
         # r - p m (negation is exact), without two temporaries of the tensor's size.
         previous *= previous.dtype.type(-momentum)
@@ -177,6 +182,25 @@ class ErrorFeedback(CompressorWrapper):
         # saves a pass over the tensor and its allocation every step.
         result = self.inner.decompress_all(per_rank, ctx, op)
         return self._velocity_step(result, ctx, owned=not self._holds(result, ctx.name))
+
+    def decompress_all_into(self, per_rank: list, ctx: Context, op: str, out: object
+                            ) -> object | None:
+        """``decompress_all`` into ``out`` where the inner compressor offers it (top-k):
+        momentum correction then runs in place on ``out`` and the kept result."""
+        check_op(op)
+        support = self.inner.decompress_all_into(per_rank, ctx, op, out)
+        if support is None:
+            return None
+        name, momentum = ctx.name, ctx.data.get(_MOMENTUM, 0.0)
+        previous = self.results.get(name)
+        if not momentum:
+            self.results.pop(name, None)
+            return support
+        if previous is None or previous.shape != out.shape or previous.dtype != out.dtype:
+            self.results[name] = out.copy()
+            return support
+        velocity_step_(out, previous, momentum)  # out: R_t - m R_{t-1}; previous: R_t
+        return slice(None)
 
     def _holds(self, array: object, name: str) -> bool:
         """Whether ``array`` shares memory with this wrapper's state of tensor ``name``."""

@@ -120,6 +120,7 @@ def run_rounds(
     items: Sequence[tuple[Compressor, object, str]], comm: ExchangeComm, average: bool,
     sum_payloads: Callable[[list], list] | None = None,
     phase: Callable[[int, str], AbstractContextManager] | None = None,
+    outs: Sequence[object | None] | None = None,
 ) -> list[tuple[object, bool]]:
     """Drive the compressors' rounds for several tensors at once: the one round loop of
     compressed all-reduce, behind ``compressed_allreduce`` and the engine's fused path.
@@ -137,10 +138,14 @@ def run_rounds(
     per step (``sparse_tree_merge_batch``); reduce-scatter rounds and all-reduce rounds over a
     group run per tensor, in order.
     ``phase(index, name)`` (optional) wraps each tensor's compress and decompress, for the
-    timeline. Returns ``(value, summed)`` per tensor: the sum over
+    timeline. ``outs`` (optional, one array or None per tensor): where a tensor's all-gathered
+    result can be combined straight into its array (``Compressor.decompress_all_into``), it
+    is, and that array is its value. Returns ``(value, summed)`` per tensor: the sum over
     ranks when ``summed`` (divide by ``comm.size`` to average), else already combined as
     ``average`` asks.
     """
+    if outs is not None and len(outs) != len(items):
+        raise ValueError(f"outs has {len(outs)} entries for {len(items)} tensors")
     if sum_payloads is None:
         def sum_payloads(arrays: list) -> list:
             return [comm.allreduce_sum(a) for a in arrays]
@@ -212,7 +217,12 @@ def run_rounds(
                 out.append((t.compressor.decompress(t.result, t.ctx), True))
             else:
                 op = "average" if average else "sum"
-                out.append((t.compressor.decompress_all(t.result, t.ctx, op), False))
+                target = None if outs is None else outs[i]
+                if target is not None and t.compressor.decompress_all_into(
+                        t.result, t.ctx, op, target) is not None:
+                    out.append((target, False))
+                else:
+                    out.append((t.compressor.decompress_all(t.result, t.ctx, op), False))
     return out
 
 

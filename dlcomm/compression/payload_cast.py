@@ -78,6 +78,11 @@ class PayloadCast(CompressorWrapper):
     def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
         return self.inner.decompress_all([self._decode(p, ctx) for p in per_rank], ctx, op)
 
+    def decompress_all_into(self, per_rank: list, ctx: Context, op: str, out: object
+                            ) -> object | None:
+        return self.inner.decompress_all_into([self._decode(p, ctx) for p in per_rank], ctx,
+                                              op, out)
+
     def merge(self, lower: list, higher: list, ctx: Context) -> list:
         merged = self.inner.merge(self._decode(lower, ctx), self._decode(higher, ctx), ctx)
         return self._encode(merged, ctx)

@@ -14,6 +14,7 @@ from dlcomm.compression.topk_select import (
     exact_topk_indices,
     index_dtype,
 )
+from dlcomm.kernels import scatter_add_
 
 
 def check_ratio(ratio: object) -> float:
@@ -54,10 +55,34 @@ def sum_sparse(pairs: list, ctx: Context, op: str) -> object:
     xp = array_namespace(pairs[0][0])
     out = xp.zeros(ctx.size, dtype=ctx.dtype)
     for values, indices in pairs:
-        out[indices] += values
+        scatter_add_(out, indices, values)
     if op == "average":
         out /= out.dtype.type(len(pairs))
     return out.reshape(ctx.shape)
+
+
+def fits_into(out: object, ctx: Context) -> bool:
+    """Whether ``out`` can take a result of ``ctx`` in place: same shape and dtype, one
+    contiguous writable block (so its flat view is a view, not a copy)."""
+    flags = getattr(out, "flags", None)
+    return (flags is not None and tuple(out.shape) == tuple(ctx.shape)
+            and out.dtype == ctx.dtype and bool(flags.c_contiguous)
+            and bool(getattr(flags, "writeable", True)))
+
+
+def sum_sparse_into(pairs: list, out: object, op: str) -> object:
+    """``sum_sparse`` written into ``out`` (contiguous, the result's shape and dtype), with
+    the same bits. Returns the flat positions written (outside them ``out`` is zero)."""
+    check_op(op)
+    if not pairs:
+        raise ValueError("sum_sparse_into needs at least one rank's payloads")
+    flat = out.reshape(-1)
+    flat[...] = 0
+    for values, indices in pairs:
+        scatter_add_(flat, indices, values)
+    if op == "average":
+        flat /= flat.dtype.type(len(pairs))
+    return array_namespace(out).concatenate([indices for _, indices in pairs])
 
 
 class TopK(Compressor):
@@ -84,6 +109,12 @@ class TopK(Compressor):
 
     def decompress_all(self, per_rank: list, ctx: Context, op: str = "average") -> object:
         return sum_sparse([(values, indices) for values, indices in per_rank], ctx, op)
+
+    def decompress_all_into(self, per_rank: list, ctx: Context, op: str, out: object
+                            ) -> object | None:
+        if not fits_into(out, ctx):
+            return None
+        return sum_sparse_into([(values, indices) for values, indices in per_rank], out, op)
 
     def unsent(self, tensor: object, payloads: list, ctx: Context) -> object:
         return zero_at(tensor, payloads[1])

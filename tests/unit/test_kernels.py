@@ -443,3 +443,46 @@ def test_default_threads_follow_the_launchers_share_of_the_cores(
     assert native._default_threads() == 1
     monkeypatch.setenv("DLCOMM_NATIVE_THREADS", "3")  # the explicit knob wins
     assert native._default_threads() == 3
+
+
+# ---- sparse into dense, momentum correction's step ------------------------------------------
+@needs_library
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("n,k", [(1, 1), (10, 0), (1000, 37), (BIG, 5000)])
+def test_scatter_add_equals_numpy_fancy_add(dtype, index_dtype, n, k):
+    rng = np.random.default_rng(n + k)
+    out = random_bits(dtype, n, seed=1)
+    indices = rng.integers(0, n, k).astype(index_dtype)  # repeats included
+    values = random_bits(dtype, k, seed=2)
+    expected = out.copy()
+    expected[indices] += values
+    native.scatter_add_(out, indices, values)
+    assert same_bits(out, expected)
+
+
+@needs_library
+def test_scatter_add_repeated_index_keeps_its_last_sum_and_bad_indices_act_as_numpy():
+    out = np.zeros(4, np.float32)
+    native.scatter_add_(out, np.array([1, 1, 3], np.int32), np.array([1, 2, 5], np.float32))
+    assert out.tolist() == [0, 2, 0, 5]
+    native.scatter_add_(out, np.array([-1], np.int64), np.array([1], np.float32))  # wraps
+    assert out.tolist() == [0, 2, 0, 6]
+    with pytest.raises(IndexError):
+        native.scatter_add_(out, np.array([0, 4], np.int32), np.array([1, 1], np.float32))
+    assert out.tolist() == [0, 2, 0, 6]  # the kernel wrote nothing before numpy raised
+    two_d = np.zeros((3, 4), np.float64)
+    native.scatter_add_(two_d, np.array([5, 11], np.int32), np.array([1, 2], np.float64))
+    assert two_d[1, 1] == 1 and two_d[2, 3] == 2 and two_d.sum() == 3
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [0, 1, 1000, BIG])
+@pytest.mark.parametrize("momentum", [0.9, 0.5, 1 / 3])
+def test_velocity_step_equals_the_numpy_passes(dtype, n, momentum):
+    result, kept = random_bits(dtype, n, seed=3), random_bits(dtype, n, seed=4)
+    expected_result = kept * kept.dtype.type(-momentum)
+    expected_result += result
+    expected_kept = result.copy()
+    native.velocity_step_(result, kept, momentum)
+    assert same_bits(result, expected_result) and same_bits(kept, expected_kept)

@@ -78,11 +78,15 @@ class CompressedAllreduce(Operation):
                 [response.name for response, _ in items], "communicate",
                 {"compression": sig.compression})
             with communicate:
+                # Combined straight into the outputs where no scaling follows (top-k).
+                outs = [t[4] for t in tensors] if sig.postscale == 1.0 else None
                 results = run_rounds([(t[1], t[3], t[2]) for t in tensors], comm,
                                      sig.op == "average",
-                                     lambda arrays: self._sum(arrays, comm), phase)
+                                     lambda arrays: self._sum(arrays, comm), phase, outs)
             average = sig.op == "average"
             for (*_, out), (value, summed) in zip(tensors, results):
+                if value is out and not summed:
+                    continue  # already there, unscaled
                 scale_into(value, sig.postscale / (comm.size if average and summed else 1),
                            out)
         except PeerLostError:  # the job is broken: the engine stops and closes the mesh
