@@ -15,7 +15,7 @@ def per_rank_payloads(c, step: int, size: int, shape=(40, 30), dtype=np.float32)
     rng = np.random.default_rng([step, 7])
     payloads, ctx = c.compress(rng.standard_normal(shape).astype(dtype), "w")
     others = []
-    for r in range(1, size):
+    for _ in range(1, size):
         values = rng.standard_normal(payloads[0].size).astype(dtype)
         indices = np.sort(rng.choice(int(np.prod(shape)), payloads[1].size, replace=False))
         others.append([values, indices.astype(payloads[1].dtype)])
