@@ -48,6 +48,10 @@ _SIGNATURES = {
                                  _INT, _VOID_P]),
     "dlc_ef_select_f64": (_I64, [_VOID_P, _VOID_P, _I64, ctypes.c_double, _VOID_P, _VOID_P,
                                  _INT, _VOID_P]),
+    "dlc_momentum_count_above_f32": (_I64, [_VOID_P, _VOID_P, ctypes.c_float, _VOID_P, _I64,
+                                            ctypes.c_float]),
+    "dlc_momentum_count_above_f64": (_I64, [_VOID_P, _VOID_P, ctypes.c_double, _VOID_P, _I64,
+                                            ctypes.c_double]),
     "dlc_scatter_add_f32": (_I64, [_VOID_P, _I64, _VOID_P, _VOID_P, _INT, _I64]),
     "dlc_scatter_add_f64": (_I64, [_VOID_P, _I64, _VOID_P, _VOID_P, _INT, _I64]),
     "dlc_velocity_step_f32": (None, [_VOID_P, _VOID_P, _I64, ctypes.c_float]),
@@ -339,6 +343,24 @@ def count_above(grad: np.ndarray, threshold: Any, residual: np.ndarray | None = 
     return int(fn(_ptr(grad), None if residual is None else _ptr(residual), grad.size, thr))
 
 
+def momentum_count_above_(velocity: np.ndarray, grad: np.ndarray, momentum: float,
+                          threshold: Any, residual: np.ndarray | None = None) -> int:
+    """``velocity *= m; velocity += grad`` in place, then ``count_above(velocity, threshold,
+    residual)``: the same bits and count, in one pass instead of three."""
+    _check_pair(velocity, residual)
+    _check_pair(velocity, grad)
+    thr = _threshold(threshold, velocity.dtype)
+    arrays = (velocity, grad) if residual is None else (velocity, grad, residual)
+    if not _native_ok(*arrays) or not velocity.flags.writeable:
+        velocity *= velocity.dtype.type(momentum)
+        velocity += grad
+        return count_above(velocity, threshold, residual)
+    fn = (_LIB.dlc_momentum_count_above_f32 if velocity.dtype == np.float32
+          else _LIB.dlc_momentum_count_above_f64)
+    return int(fn(_ptr(velocity), _ptr(grad), momentum,
+                  None if residual is None else _ptr(residual), velocity.size, thr))
+
+
 _SCRATCH = threading.local()
 
 
@@ -394,9 +416,6 @@ def ef_select(
 
 
 # ---- sparse into dense, and momentum correction's step -------------------------------------
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-
-
 def scatter_add_(out: Any, indices: Any, values: Any) -> None:
     """``out.reshape(-1)[indices] += values`` in place (numpy's semantics: a repeated index
     keeps its last sum), one pass over the indices where numpy converts and gathers them."""

@@ -65,6 +65,15 @@ DLC_API int64_t dlc_count_above_f32(const float* grad, const float* residual, in
                                     float threshold);
 DLC_API int64_t dlc_count_above_f64(const double* grad, const double* residual, int64_t n,
                                     double threshold);
+// momentum_count_above: velocity[i] = velocity[i] * momentum + grad[i] (numpy's v *= m;
+//   v += g, two roundings), then count as count_above over acc = velocity + residual: the
+//   momentum update of error feedback's momentum correction folded into the first count.
+DLC_API int64_t dlc_momentum_count_above_f32(float* velocity, const float* grad, float momentum,
+                                             const float* residual, int64_t n,
+                                             float threshold);
+DLC_API int64_t dlc_momentum_count_above_f64(double* velocity, const double* grad,
+                                             double momentum, const double* residual,
+                                             int64_t n, double threshold);
 DLC_API int64_t dlc_ef_select_f32(const float* grad, const float* residual, int64_t n,
                                   float threshold, float* values, void* indices,
                                   int index_bytes, float* new_residual);

@@ -34,6 +34,33 @@ int64_t count_above(const T* g, const T* r, int64_t n, T threshold) {
   return total;
 }
 
+template <class T, bool kHasResidual>
+int64_t momentum_count_range(T* v, const T* g, T m, const T* r, int64_t lo, int64_t hi,
+                             T threshold) {
+  int64_t count = 0;
+  for (int64_t i = lo; i < hi; ++i) {
+    const T scaled = v[i] * m;  // numpy's v *= m; v += g: two roundings
+    const T u = scaled + g[i];
+    v[i] = u;
+    const T acc = kHasResidual ? T(u + r[i]) : u;
+    count += fabs(acc) >= threshold;
+  }
+  return count;
+}
+
+template <class T>
+int64_t momentum_count_above(T* v, const T* g, T m, const T* r, int64_t n, T threshold) {
+  const int threads = dlc::threads_for(n);
+  int64_t total = 0;
+#pragma omp parallel for num_threads(threads) reduction(+ : total) schedule(static) if (threads > 1)
+  for (int64_t b = 0; b < (n + 4095) / 4096; ++b) {
+    const int64_t lo = b * 4096, hi = lo + 4096 < n ? lo + 4096 : n;
+    total += r ? momentum_count_range<T, true>(v, g, m, r, lo, hi, threshold)
+               : momentum_count_range<T, false>(v, g, m, r, lo, hi, threshold);
+  }
+  return total;
+}
+
 template <class T, class I, bool kHasResidual>
 int64_t select_range(const T* g, const T* r, int64_t lo, int64_t hi, T threshold, T* values,
                      I* indices, T* new_residual) {
@@ -107,6 +134,14 @@ int64_t dlc_count_above_f32(const float* grad, const float* residual, int64_t n,
 int64_t dlc_count_above_f64(const double* grad, const double* residual, int64_t n,
                             double threshold) {
   return count_above(grad, residual, n, threshold);
+}
+int64_t dlc_momentum_count_above_f32(float* velocity, const float* grad, float momentum,
+                                     const float* residual, int64_t n, float threshold) {
+  return momentum_count_above(velocity, grad, momentum, residual, n, threshold);
+}
+int64_t dlc_momentum_count_above_f64(double* velocity, const double* grad, double momentum,
+                                     const double* residual, int64_t n, double threshold) {
+  return momentum_count_above(velocity, grad, momentum, residual, n, threshold);
 }
 int64_t dlc_ef_select_f32(const float* grad, const float* residual, int64_t n, float threshold,
                           float* values, void* indices, int index_bytes, float* new_residual) {

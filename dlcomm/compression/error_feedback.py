@@ -73,18 +73,18 @@ class ErrorFeedback(CompressorWrapper):
                 f"to {tensor.shape}/{tensor.dtype}; call reset_state({name!r}) first"
             )
         momentum = self.momentum
+        update = None  # (g, m): the velocity still to become velocity * m + g
         if momentum:
             velocity = self.velocities.get(name)
             if velocity is None or velocity.shape != tensor.shape:
                 velocity = tensor.copy()
             else:
-                velocity *= velocity.dtype.type(momentum)
-                velocity += tensor
+                update = (tensor, momentum)
             self.velocities[name] = velocity
             tensor = velocity
         else:
             self.velocities.pop(name, None)
-        fused = self._native_topk(tensor, residual, name)
+        fused = self._native_topk(tensor, residual, name, update)  # does ``update``
         if fused is not None:
             payloads, ctx = fused
             ctx.data[_MOMENTUM] = momentum
@@ -96,8 +96,11 @@ class ErrorFeedback(CompressorWrapper):
         ctx.data[_MOMENTUM] = momentum
         return self._maybe_update(payloads, ctx, acc)
 
-    def _native_topk(self, tensor: object, residual: object, name: str) -> tuple | None:
+    def _native_topk(self, tensor: object, residual: object, name: str,
+                     update: tuple | None = None) -> tuple | None:
         """Approximate top-k + residual update in native passes (same bits), or None.
+        ``update=(g, m)``: ``tensor`` (the velocity) first becomes ``tensor * m + g``, in
+        every case (in the first counting pass where the kernels run).
 
         The reference (compress ``acc``, scatter the payloads back, subtract) makes about ten
         passes over the tensor; ``native_topk_with_residual`` makes one per threshold probe
@@ -105,9 +108,12 @@ class ErrorFeedback(CompressorWrapper):
         """
         inner = self.inner
         if type(inner) is not TopK or not inner.approx or len(self.rounds) != 1:
+            if update is not None:
+                tensor *= tensor.dtype.type(update[1])
+                tensor += update[0]
             return None
         k = k_for(inner.ratio, tensor.size)
-        fused = native_topk_with_residual(tensor, residual, k)
+        fused = native_topk_with_residual(tensor, residual, k, momentum_update=update)
         if fused is None:
             return None
         values, indices, new_residual = fused

@@ -128,7 +128,8 @@ def search_threshold(
 
 
 def native_topk_with_residual(
-    grad: object, residual: object, k: int, *, tolerance: float = 0.25, max_rounds: int = 8
+    grad: object, residual: object, k: int, *, tolerance: float = 0.25, max_rounds: int = 8,
+    momentum_update: tuple | None = None,
 ) -> tuple | None:
     """Approximate top-k of ``acc = grad + residual`` and the error-feedback residual, fused.
 
@@ -136,25 +137,55 @@ def native_topk_with_residual(
     ``acc.flat[idx]`` and ``acc - scatter(values)`` (tests/unit/test_kernels.py), computed by the
     native kernels without materialising ``acc``; None when they do not apply (not numpy,
     not float32/64, library not built, exact selection needed), so the caller runs the
-    reference instead.
+    reference instead. ``momentum_update=(g, m)``: ``grad`` is a velocity to update first,
+    ``grad *= m; grad += g``, which the first counting pass does on the way; it is done
+    whatever the function returns.
     """
+    def update_now() -> None:
+        if momentum_update is not None:
+            g, m = momentum_update
+            xp = array_namespace(grad)
+            xp.multiply(grad, grad.dtype.type(m), out=grad)
+            xp.add(grad, g, out=grad)
+
     if not (kernels.available() and isinstance(grad, np.ndarray)
             and grad.dtype in (np.float32, np.float64)
             and grad.flags.c_contiguous
             and (residual is None or (isinstance(residual, np.ndarray)
-                                      and residual.flags.c_contiguous))):
+                                      and residual.flags.c_contiguous))
+            and (momentum_update is None or (
+                isinstance(momentum_update[0], np.ndarray)
+                and momentum_update[0].dtype == grad.dtype
+                and momentum_update[0].shape == grad.shape
+                and momentum_update[0].flags.c_contiguous))):
+        update_now()
         return None
     n = grad.size
     check_k(k, n)
     if not uses_threshold_search(n, k):
+        update_now()
         return None
     flat = grad.reshape(-1)
     step = sample_step(n, k)
-    sample = flat[::step] if residual is None else flat[::step] + residual.reshape(-1)[::step]
+    sample = flat[::step]
+    pending = momentum_update is not None
+    if pending:
+        g, m = momentum_update
+        sample = sample * flat.dtype.type(m) + g.reshape(-1)[::step]  # the updated values
+    if residual is not None:
+        sample = sample + residual.reshape(-1)[::step]
+
+    def count(t: object) -> int:
+        nonlocal pending
+        if pending:
+            pending = False
+            return kernels.momentum_count_above_(grad, g, m, t, residual)
+        return kernels.count_above(grad, t, residual)
+
     threshold = search_threshold(
-        threshold_from_sample(np, np.abs(sample), n, k), k, tolerance, max_rounds,
-        lambda t: kernels.count_above(grad, t, residual),
-    )
+        threshold_from_sample(np, np.abs(sample), n, k), k, tolerance, max_rounds, count)
+    if pending:  # no counting pass ran (max_rounds == 0)
+        update_now()
     values, indices, new_residual = kernels.ef_select(grad, threshold, residual, index_dtype(n))
     if indices.size > k * (1 + tolerance):
         return None  # the reference narrows to exactly k among these: let it

@@ -486,3 +486,48 @@ def test_velocity_step_equals_the_numpy_passes(dtype, n, momentum):
     expected_kept = result.copy()
     native.velocity_step_(result, kept, momentum)
     assert same_bits(result, expected_result) and same_bits(kept, expected_kept)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [0, 1, 1000, BIG])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_momentum_count_above_updates_and_counts_as_numpy(dtype, n, with_residual):
+    rng = np.random.default_rng(n)
+    velocity, grad = (rng.standard_normal(n).astype(dtype) for _ in range(2))
+    residual = rng.standard_normal(n).astype(dtype) if with_residual else None
+    expected = velocity * dtype(0.9)
+    expected += grad
+    acc = expected if residual is None else expected + residual
+    count = native.momentum_count_above_(velocity, grad, 0.9, 1.0, residual)
+    assert same_bits(velocity, expected)
+    assert count == int(np.count_nonzero(np.abs(acc) >= dtype(1.0)))
+
+
+@pytest.mark.parametrize("max_rounds", [8, 0])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_topk_with_a_momentum_update_equals_updating_first(max_rounds, with_residual):
+    """The velocity update folded into the first count gives the update's bits and the
+    selection made on the updated velocity (also when no count runs)."""
+    from dlcomm.compression.topk_select import native_topk_with_residual
+
+    rng = np.random.default_rng(5)
+    n, k = 300_000, 3000
+    velocity, grad = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    residual = rng.standard_normal(n).astype(np.float32) if with_residual else None
+    updated = velocity * np.float32(0.9)
+    updated += grad
+    expected = native_topk_with_residual(updated, residual, k, max_rounds=max_rounds)
+    got = native_topk_with_residual(velocity, residual, k, max_rounds=max_rounds,
+                                    momentum_update=(grad, 0.9))
+    assert same_bits(velocity, updated)
+    if expected is None:
+        assert got is None
+    else:
+        assert all(same_bits(a, b) for a, b in zip(got, expected))
+    # where the kernels do not apply (float16), the update is still made
+    half = velocity.astype(np.float16)
+    assert native_topk_with_residual(half, None, k, momentum_update=(
+        grad.astype(np.float16), 0.5)) is None
+    reference = velocity.astype(np.float16) * np.float16(0.5)
+    reference += grad.astype(np.float16)
+    assert same_bits(half, reference)
