@@ -159,3 +159,5 @@ def test_tiny_real_run_against_ddp(tmp_path: Path) -> None:
     assert len(times) == 1 and times[0] > 0
     assert times[0] == pytest.approx(1e3 * 2 * 32 / (ours / 2), rel=0.5)  # rank 0 alone
     assert cpu["main_thread"] > 0 and cpu["other_threads"] >= 0
+    (peer_cpu,) = ddp["cpu_ms_per_iteration"]
+    assert peer_cpu["main_thread"] > 0 and len(ddp["iteration_ms"][0]) == 1

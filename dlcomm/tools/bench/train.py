@@ -195,6 +195,8 @@ def measure(np_: int, configs: list[str], schedules: list[str], settings: TrainS
                 "hook": ddp_hook_name(compression), "total_samples_per_s": peer_total,
                 "ms_per_iteration": 1e3 * settings.batch_size * np_ / peer_total,
                 "rounds": peer_totals, "final_loss": loss,
+                "iteration_ms": [r.get("iteration_ms") for r in peer_runs],
+                "cpu_ms_per_iteration": [r.get("cpu_ms_per_iteration") for r in peer_runs],
                 "dlcomm_over_peer": total / peer_total,
                 "dlcomm_over_peer_paired": statistics.median(
                     a / b for a, b in zip(totals, peer_totals)),
