@@ -343,6 +343,13 @@ def count_above(grad: np.ndarray, threshold: Any, residual: np.ndarray | None = 
     return int(fn(_ptr(grad), None if residual is None else _ptr(residual), grad.size, thr))
 
 
+def momentum_update_(velocity: Any, grad: Any, momentum: float) -> None:
+    """``velocity *= m; velocity += grad`` in place (any array library): the update that
+    ``momentum_count_above_`` folds into its count."""
+    velocity *= velocity.dtype.type(momentum)
+    velocity += grad
+
+
 def momentum_count_above_(velocity: np.ndarray, grad: np.ndarray, momentum: float,
                           threshold: Any, residual: np.ndarray | None = None) -> int:
     """``velocity *= m; velocity += grad`` in place, then ``count_above(velocity, threshold,
@@ -352,8 +359,7 @@ def momentum_count_above_(velocity: np.ndarray, grad: np.ndarray, momentum: floa
     thr = _threshold(threshold, velocity.dtype)
     arrays = (velocity, grad) if residual is None else (velocity, grad, residual)
     if not _native_ok(*arrays) or not velocity.flags.writeable:
-        velocity *= velocity.dtype.type(momentum)
-        velocity += grad
+        momentum_update_(velocity, grad, momentum)
         return count_above(velocity, threshold, residual)
     fn = (_LIB.dlc_momentum_count_above_f32 if velocity.dtype == np.float32
           else _LIB.dlc_momentum_count_above_f64)

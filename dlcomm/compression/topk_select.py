@@ -143,10 +143,7 @@ def native_topk_with_residual(
     """
     def update_now() -> None:
         if momentum_update is not None:
-            g, m = momentum_update
-            xp = array_namespace(grad)
-            xp.multiply(grad, grad.dtype.type(m), out=grad)
-            xp.add(grad, g, out=grad)
+            kernels.momentum_update_(grad, *momentum_update)
 
     if not (kernels.available() and isinstance(grad, np.ndarray)
             and grad.dtype in (np.float32, np.float64)
