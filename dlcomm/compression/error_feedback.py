@@ -35,7 +35,7 @@ from dlcomm.compression.base import (
 )
 from dlcomm.compression.sparsify import TopK, k_for
 from dlcomm.compression.topk_select import native_topk_with_residual
-from dlcomm.kernels import velocity_step_
+from dlcomm.kernels import momentum_update_, velocity_step_
 
 _ACC = "error_feedback_acc"
 _MOMENTUM = "error_feedback_momentum"
@@ -109,8 +109,7 @@ class ErrorFeedback(CompressorWrapper):
         inner = self.inner
         if type(inner) is not TopK or not inner.approx or len(self.rounds) != 1:
             if update is not None:
-                tensor *= tensor.dtype.type(update[1])
-                tensor += update[0]
+                momentum_update_(tensor, *update)
             return None
         k = k_for(inner.ratio, tensor.size)
         fused = native_topk_with_residual(tensor, residual, k, momentum_update=update)
@@ -154,9 +153,9 @@ class ErrorFeedback(CompressorWrapper):
     # -- momentum correction of the reduced result (identity when momentum is 0) -----------
     def _velocity_step(self, result: object, ctx: Context, owned: bool = False) -> object:
         """``R_t - m R_{t-1}``: what an optimizer with momentum m must receive so that its
-        momentum buffer equals the reduced velocity ``R_t``. ``owned``: nothing else holds
-        ``result``: it becomes ``R_t - m R_{t-1}`` in place and the kept ``R_{t-1}`` becomes
-        ``R_t`` in the same pass; otherwise the kept result is a copy."""
+        momentum buffer equals the reduced velocity ``R_t``. ``owned``: ``result`` may be
+        overwritten, so it becomes ``R_t - m R_{t-1}`` in place and the kept ``R_{t-1}``
+        becomes ``R_t`` in the same pass. ``result`` itself is never kept."""
         momentum = ctx.data.get(_MOMENTUM, 0.0)
         if not momentum:
             self.results.pop(ctx.name, None)
@@ -197,16 +196,14 @@ class ErrorFeedback(CompressorWrapper):
         support = self.inner.decompress_all_into(per_rank, ctx, op, out)
         if support is None:
             return None
-        name, momentum = ctx.name, ctx.data.get(_MOMENTUM, 0.0)
-        previous = self.results.get(name)
-        if not momentum:
-            self.results.pop(name, None)
-            return support
-        if previous is None or previous.shape != out.shape or previous.dtype != out.dtype:
-            self.results[name] = out.copy()
-            return support
-        velocity_step_(out, previous, momentum)  # out: R_t - m R_{t-1}; previous: R_t
-        return slice(None)
+        previous = self.results.get(ctx.name)
+        corrected = (bool(ctx.data.get(_MOMENTUM, 0.0)) and previous is not None
+                     and previous.shape == out.shape)
+        # ``out`` is never kept by ``_velocity_step`` (owned: corrected in place, or copied)
+        value = self._velocity_step(out, ctx, owned=True)
+        if value is not out:  # the kept result has another dtype: corrected out of place
+            out[...] = value
+        return slice(None) if corrected else support
 
     def _holds(self, array: object, name: str) -> bool:
         """Whether ``array`` shares memory with this wrapper's state of tensor ``name``."""

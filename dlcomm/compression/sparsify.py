@@ -49,16 +49,11 @@ def sum_sparse(pairs: list, ctx: Context, op: str) -> object:
     added in rank order into one zero buffer: the same bits as adding the ranks' dense
     tensors (``x + 0 == x``), without a dense temporary per rank. (A position repeated
     within one pair keeps its last value, as ``scatter_dense`` does.)"""
-    check_op(op)
     if not pairs:
         raise ValueError("sum_sparse needs at least one rank's payloads")
-    xp = array_namespace(pairs[0][0])
-    out = xp.zeros(ctx.size, dtype=ctx.dtype)
-    for values, indices in pairs:
-        scatter_add_(out, indices, values)
-    if op == "average":
-        out /= out.dtype.type(len(pairs))
-    return out.reshape(ctx.shape)
+    out = array_namespace(pairs[0][0]).empty(ctx.shape, dtype=ctx.dtype)
+    sum_sparse_into(pairs, out, op)  # zeroes it first
+    return out
 
 
 def fits_into(out: object, ctx: Context) -> bool:
