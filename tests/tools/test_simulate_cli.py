@@ -355,21 +355,27 @@ def test_busy_calls_cost_more_only_where_ranks_outnumber_cores(tmp_path: Path) -
         with pytest.raises(ValueError, match="roundtrip"):
             busy_call_from_roundtrip(bad)
     base = {"model": "mnist-mlp", "batch_size": 32, "heterogeneity": "",
-            "emulate": "4x1gbit", "slots_per_host": 1, "method": "dense"}
+            "emulate": "4x1gbit", "slots_per_host": 1}
     result = demo_result(4, [40, 45, 50, 41], 0.3)
     rows = {}
-    for cores in (4, 2):
-        path = write_run(tmp_path / f"dense_{cores}.json", {**base, "machine_cores": cores},
-                         result)
-        rows[cores] = [validate(load_runs([path]), PARAMS, busy_call_s=b)[0]["predicted_s"]
-                       for b in (0.0, busy)]
-    assert rows[4][0] == rows[4][1]  # a core per rank: no busy waits
-    assert rows[2][1] > rows[2][0]
+    for method in ("dense", "topk:ratio=0.01"):
+        for cores in (4, 2):
+            path = write_run(tmp_path / f"{method.split(':')[0]}_{cores}.json",
+                             {**base, "method": method, "machine_cores": cores}, result)
+            rows[method, cores] = [
+                validate(load_runs([path]), PARAMS, busy_call_s=b)[0]["predicted_s"]
+                for b in (0.0, busy)]
+    for method in ("dense", "topk:ratio=0.01"):  # a core per rank: no busy waits
+        assert rows[method, 4][0] == rows[method, 4][1]
+    # ranks sharing cores: the compressing method's calls wait, the dense ones do not
+    assert rows["topk:ratio=0.01", 2][1] > rows["topk:ratio=0.01", 2][0]
+    assert rows["dense", 2][1] == rows["dense", 2][0]
+    rows[2] = rows["topk:ratio=0.01", 2]
     roundtrip = tmp_path / "rt.json"
     roundtrip.write_text(json.dumps(rounds))
     out, params = tmp_path / "rows.json", tmp_path / "net.json"
     params.write_text(json.dumps({"params": PARAMS.to_dict()}))
-    assert cli.main(["simulate", "validate", str(tmp_path / "dense_2.json"), "--params",
+    assert cli.main(["simulate", "validate", str(tmp_path / "topk_2.json"), "--params",
                      str(params), "--roundtrip", str(roundtrip), "--json", str(out)]) == 0
     assert json.loads(out.read_text())[0]["predicted_s"] == pytest.approx(rows[2][1])
 

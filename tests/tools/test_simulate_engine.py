@@ -379,26 +379,33 @@ def test_summable_compressors_fuse_and_the_others_batch_each_round() -> None:
     assert cost["gtopk:ratio=0.01"] == pytest.approx(merge + 2 * mpi_allreduce)
 
 
-def test_busy_calls_add_a_wait_per_collective_and_per_negotiation() -> None:
+def test_busy_calls_add_a_wait_per_collective_and_negotiation_of_compressing_groups() -> None:
     net = Network(Topology(4), preset_params("1gbe"))
     tensors = [Tensor(f"t{i}", (300, 300)) for i in range(3)] + [Tensor("b", (300,))]
     busy = 0.01
-    for text, calls in (("dense", 1), ("topk:ratio=0.01", 2), ("powersgd:rank=4", 2),
-                        ("gtopk:ratio=0.01", 3)):
+    for text, calls, waits in (("dense", 1, 0), ("topk:ratio=0.01", 2, 3),
+                               ("powersgd:rank=4", 2, 3), ("gtopk:ratio=0.01", 3, 4),
+                               ("fp16", 1, 2)):
         method = Method.parse(text)
         quiet = MessageModel(method, net, GPU).group(tensors)
         crowded = MessageModel(method, net, GPU, busy_call_s=busy).group(tensors)
         assert quiet.calls == crowded.calls == calls, text
-        # each call and the group's negotiation wait; the compression and bytes do not change
-        assert crowded.seconds - quiet.seconds == pytest.approx(busy * (calls + 1)), text
+        # a compressing group: each call and its negotiation wait; a dense one: none. The
+        # compression and the bytes do not change.
+        assert crowded.seconds - quiet.seconds == pytest.approx(busy * waits), text
         assert crowded.compute_s == quiet.compute_s and crowded.link_bytes == quiet.link_bytes
+    # dense alone in a group of a compressing method (too small to compress): no wait
+    small = [Tensor("b", (300,))]
+    topk = Method.parse("topk:ratio=0.01")
+    assert MessageModel(topk, net, GPU, busy_call_s=busy).group(small).seconds == \
+        pytest.approx(MessageModel(topk, net, GPU).group(small).seconds)
+    # DeAR's halves are dense: no wait either
     dear = MessageModel(Method.parse("dense"), net, GPU, busy_call_s=busy)
     quiet_dear = MessageModel(Method.parse("dense"), net, GPU)
     assert dear.reduce_scatter(1e6).seconds == pytest.approx(
-        quiet_dear.reduce_scatter(1e6).seconds + 2 * busy)
-    # the all-gathers step() queues together share one negotiation
+        quiet_dear.reduce_scatter(1e6).seconds)
     assert dear.all_gather(1e6, negotiated=False).seconds == pytest.approx(
-        quiet_dear.all_gather(1e6).seconds + busy)
+        quiet_dear.all_gather(1e6).seconds)
     assert MessageModel(Method.parse("dense"), net, GPU, busy_call_s=busy).group([]).seconds == 0
     for bad in (-1e-3, float("inf"), True, "1"):
         with pytest.raises(ValueError, match="busy_call_s must be"):

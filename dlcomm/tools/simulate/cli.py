@@ -165,8 +165,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "alone is stretched by ranks / cores")
     p.add_argument("--roundtrip", metavar="JSON", default=None,
                    help="'dlcomm bench roundtrip --json' of the same cluster: where ranks "
-                   "outnumber the cores, each collective call and negotiation costs its busy "
-                   "minus idle round trip more")
+                   "outnumber the cores, each collective call and negotiation of an operation "
+                   "that compresses costs its busy minus idle round trip more")
     _add_outputs(p)
     p.set_defaults(func=run_validate)
 

@@ -108,9 +108,10 @@ class MessageModel:
     (sharing it with training when ``compression_on_device``). ``cpu_share`` >= 1 stretches
     the compression's cost, measured or estimated for one process alone, where ranks
     outnumber a machine's cores (``predict``'s argument). ``busy_call_s`` is what each
-    collective call, and each negotiation the engine runs for a group, costs more where
-    ranks sharing the cores compute meanwhile (``dlcomm bench roundtrip``'s busy minus idle
-    round trip): a rank's waits progress only when the scheduler runs it."""
+    collective call, and each negotiation the engine runs for a group, of an operation that
+    compresses costs more where ranks sharing the cores compute meanwhile (``dlcomm bench
+    roundtrip``'s busy minus idle round trip): a rank's waits progress only when the
+    scheduler runs it."""
 
     def __init__(self, method: Method, network: Network, device: Device,
                  measured_costs: Mapping[str, MeasuredCost] | None = None,
@@ -132,9 +133,13 @@ class MessageModel:
                            calls=1)
 
     def _negotiated(self, cost: MessageCost, negotiations: int = 1) -> MessageCost:
-        """``cost`` of one engine operation: its calls and its negotiations, each
-        ``busy_call_s`` longer on a crowded machine."""
-        if not self.busy_call_s or not cost.calls:
+        """``cost`` of one engine operation: where it compresses, its calls and its
+        negotiations, each ``busy_call_s`` longer on a crowded machine. Its ranks compress
+        on the shared cores at once, so its calls are made while the cores are saturated
+        and a waiting rank runs only when the scheduler gets to it; a dense operation's
+        ranks wait on the wire with the cores idle and run as soon as they are woken (the
+        dense runs fit without a wait: docs/simulation.md)."""
+        if not self.busy_call_s or not cost.calls or cost.compute_s <= 0:
             return cost
         return cost + MessageCost(self.busy_call_s * (cost.calls + negotiations), 0.0, 0.0)
 

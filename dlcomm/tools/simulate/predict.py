@@ -99,8 +99,8 @@ def predict(workload: Workload, method: Method, network: Network, device: Device
     ``engine.simulate_bsp``). ``cpu_share`` >= 1: compression takes that many times its
     one-process cost, as where ranks outnumber a machine's cores (ranks per core); the
     workload's times are taken as given (``Workload.scaled`` stretches them).
-    ``busy_call_s``: what each collective call and negotiation costs more while ranks sharing
-    the cores compute (``MessageModel``)."""
+    ``busy_call_s``: what each collective call and negotiation of an operation that
+    compresses costs more while ranks sharing the cores compute (``MessageModel``)."""
     if not isinstance(method, Method):
         raise TypeError(f"method must be a Method, got {type(method).__name__}")
     if iterations < 1:
