@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dlcomm.tools.simulate import collectives as coll
-from dlcomm.tools.simulate.compressors import DEFAULT_PARAMS, CompressorModel
+from dlcomm.tools.simulate.compressors import DEFAULT_PARAMS, CompressorModel, MeasuredCost
 from dlcomm.tools.simulate.devices import get_device
 from dlcomm.tools.simulate.engine import fusion_groups, mgwfbp_groups, simulate_bsp
 from dlcomm.tools.simulate.messages import MessageModel
@@ -394,6 +394,13 @@ def test_busy_calls_add_a_wait_per_collective_and_negotiation_of_compressing_gro
         # compression and the bytes do not change.
         assert crowded.seconds - quiet.seconds == pytest.approx(busy * waits), text
         assert crowded.compute_s == quiet.compute_s and crowded.link_bytes == quiet.link_bytes
+    # a compressor measured as costing nothing still compresses: it waits all the same
+    free = {"randomk:ratio=0.01": MeasuredCost(0.0, 0.0)}
+    randomk = Method.parse("randomk:ratio=0.01")
+    crowded = MessageModel(randomk, net, GPU, free, busy_call_s=busy).group(tensors)
+    quiet = MessageModel(randomk, net, GPU, free).group(tensors)
+    assert quiet.compute_s == 0 and quiet.calls == 1
+    assert crowded.seconds - quiet.seconds == pytest.approx(busy * 2)
     # dense alone in a group of a compressing method (too small to compress): no wait
     small = [Tensor("b", (300,))]
     topk = Method.parse("topk:ratio=0.01")

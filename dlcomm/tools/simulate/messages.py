@@ -132,14 +132,15 @@ class MessageModel:
         return MessageCost(cost.seconds(self.network.params), cost.link_bytes, payload,
                            calls=1)
 
-    def _negotiated(self, cost: MessageCost, negotiations: int = 1) -> MessageCost:
-        """``cost`` of one engine operation: where it compresses, its calls and its
+    def _negotiated(self, cost: MessageCost, negotiations: int = 1,
+                    compresses: bool = False) -> MessageCost:
+        """``cost`` of one engine operation: where it ``compresses``, its calls and its
         negotiations, each ``busy_call_s`` longer on a crowded machine. Its ranks compress
         on the shared cores at once, so its calls are made while the cores are saturated
         and a waiting rank runs only when the scheduler gets to it; a dense operation's
         ranks wait on the wire with the cores idle and run as soon as they are woken (the
         dense runs fit without a wait: docs/simulation.md)."""
-        if not self.busy_call_s or not cost.calls or cost.compute_s <= 0:
+        if not (self.busy_call_s and cost.calls and compresses):
             return cost
         return cost + MessageCost(self.busy_call_s * (cost.calls + negotiations), 0.0, 0.0)
 
@@ -216,7 +217,8 @@ class MessageModel:
         if key not in self._choices:
             self._choices[key] = min(
                 (c, c.alternative),
-                key=lambda m: self._negotiated(self._group([tensor], step, m)).seconds)
+                key=lambda m: self._negotiated(self._group([tensor], step, m),
+                                               compresses=True).seconds)
         return self._choices[key]
 
     @property
@@ -240,7 +242,8 @@ class MessageModel:
     def group(self, tensors: Sequence[Tensor], step: int = 0) -> MessageCost:
         """The engine's handling of one fused group of ready gradients at iteration
         ``step`` (ACP-SGD alternates P and Q with the step)."""
-        return self._negotiated(self._group(tensors, step))
+        compresses = not self.compressor.is_dense and any(self._applies(t) for t in tensors)
+        return self._negotiated(self._group(tensors, step), compresses=compresses)
 
     def _group(self, tensors: Sequence[Tensor], step: int,
                model: CompressorModel | None = None) -> MessageCost:
