@@ -169,6 +169,12 @@ def test_compressor_calibration_runs_the_throughput_benchmark(tmp_path: Path) ->
     costs = json.loads(out.read_text())["compressors"]
     assert set(costs) == {"topk:ratio=0.01"}
     assert costs["topk:ratio=0.01"]["per_element_s"] >= 0
+    # a ','-separated list as bench train takes it: a spec's own parameters stay with it
+    assert cli.main(["simulate", "calibrate", "--compressors", "-o", str(out), "--sizes",
+                     "1024", "--specs", "fp16,topk:ratio=0.01,approx=1", "--repeats",
+                     "1"]) == 0
+    assert set(json.loads(out.read_text())["compressors"]) == {"fp16",
+                                                               "topk:ratio=0.01,approx=1"}
 
 
 def test_measure_dry_run_lists_the_campaign(tmp_path: Path,

@@ -151,7 +151,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="--compressors: element counts (multiples of 1024)")
     p.add_argument("--specs", default="fp16;topk:ratio=0.01;topk:ratio=0.01,approx=1;"
                    "randomk:ratio=0.01;gtopk:ratio=0.01;efsignsgd;signum;qsgd:levels=16;"
-                   "powersgd:rank=4;acpsgd:rank=4", help="--compressors: ';'-separated specs")
+                   "powersgd:rank=4;acpsgd:rank=4",
+                   help="--compressors: specs separated by ';', or by ',' as in 'dlcomm bench "
+                   "train --configs' (a piece like approx=1 stays with the spec before it)")
     p.add_argument("--repeats", type=int, default=3)
     p.set_defaults(func=run_calibrate)
 
@@ -399,7 +401,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from dlcomm.tools.simulate import calibrate
 
     if args.compressors:
-        specs = [s.strip() for s in args.specs.split(";") if s.strip()]
+        from dlcomm.compression.registry import split_spec_list
+
+        specs = split_spec_list(args.specs)
         data = calibrate.measure_compressor_costs(args.sizes, specs, args.repeats)
         Path(args.output).write_text(json.dumps(data, indent=1) + "\n")
         for spec, cost in data["compressors"].items():
