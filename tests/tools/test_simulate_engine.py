@@ -411,7 +411,7 @@ def test_busy_calls_add_a_wait_per_collective_and_negotiation_of_compressing_gro
     quiet_dear = MessageModel(Method.parse("dense"), net, GPU)
     assert dear.reduce_scatter(1e6).seconds == pytest.approx(
         quiet_dear.reduce_scatter(1e6).seconds)
-    assert dear.all_gather(1e6, negotiated=False).seconds == pytest.approx(
+    assert dear.all_gather(1e6).seconds == pytest.approx(
         quiet_dear.all_gather(1e6).seconds)
     assert MessageModel(Method.parse("dense"), net, GPU, busy_call_s=busy).group([]).seconds == 0
     for bad in (-1e-3, float("inf"), True, "1"):

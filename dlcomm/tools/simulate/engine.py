@@ -229,9 +229,9 @@ def simulate_bsp(workload: Workload, method: Method, messages: MessageModel, *,
                              messages.reduce_scatter(sum(sizes[i] for i in g)))
             t = max(backward_end, channel.free_at)  # step() waits for the reduce-scatters
             for b in reversed(range(len(buckets))):  # all-gathers in forward order, queued
-                # together by step(): one negotiation agrees them all
+                # together by step()
                 ag_end[b] = channel.send(t, messages.all_gather(
-                    sum(sizes[i] for i in buckets[b]), negotiated=b == len(buckets) - 1))
+                    sum(sizes[i] for i in buckets[b])))
         per_iteration.append(channel.take())
     durations = [b - a for a, b in zip(starts, starts[1:])][warmup:]
     kept = per_iteration[warmup:]

@@ -132,17 +132,16 @@ class MessageModel:
         return MessageCost(cost.seconds(self.network.params), cost.link_bytes, payload,
                            calls=1)
 
-    def _negotiated(self, cost: MessageCost, negotiations: int = 1,
-                    compresses: bool = False) -> MessageCost:
+    def _negotiated(self, cost: MessageCost, compresses: bool) -> MessageCost:
         """``cost`` of one engine operation: where it ``compresses``, its calls and its
-        negotiations, each ``busy_call_s`` longer on a crowded machine. Its ranks compress
+        negotiation, each ``busy_call_s`` longer on a crowded machine. Its ranks compress
         on the shared cores at once, so its calls are made while the cores are saturated
         and a waiting rank runs only when the scheduler gets to it; a dense operation's
         ranks wait on the wire with the cores idle and run as soon as they are woken (the
         dense runs fit without a wait: docs/simulation.md)."""
         if not (self.busy_call_s and cost.calls and compresses):
             return cost
-        return cost + MessageCost(self.busy_call_s * (cost.calls + negotiations), 0.0, 0.0)
+        return cost + MessageCost(self.busy_call_s * (cost.calls + 1), 0.0, 0.0)
 
     def _fastest(self, *costs: Cost) -> Cost:
         return min(costs, key=lambda c: c.seconds(self.network.params))
@@ -290,15 +289,14 @@ class MessageModel:
     def reduce_scatter(self, nbytes: float) -> MessageCost:
         """DeAR's first half: the engine's reduce-scatter of a bucket of ``nbytes`` (the
         ordered one under ``ordered``, over the mesh under ``ordered_tcp``, the one of the
-        all-reduce ``auto`` picks at that size under ``auto``, else MPI's, a ring)."""
-        return self._negotiated(self.collective("reducescatter", nbytes))
+        all-reduce ``auto`` picks at that size under ``auto``, else MPI's, a ring). Dense:
+        no busy wait (``_negotiated``)."""
+        return self.collective("reducescatter", nbytes)
 
-    def all_gather(self, nbytes: float, negotiated: bool = True) -> MessageCost:
-        """DeAR's second half: the ring all-gather of a bucket of ``nbytes`` in all
-        (``negotiated=False``: agreed in the negotiation of another, as the all-gathers that
-        ``step()`` queues together are)."""
-        return self._negotiated(self.collective("ringallgather", nbytes / self.network.workers),
-                                int(negotiated))
+    def all_gather(self, nbytes: float) -> MessageCost:
+        """DeAR's second half: the ring all-gather of a bucket of ``nbytes`` in all. Dense:
+        no busy wait (``_negotiated``)."""
+        return self.collective("ringallgather", nbytes / self.network.workers)
 
     def alpha_beta(self) -> tuple[float, float]:
         """``time = a + b * bytes`` of the dense all-reduce as MG-WFBP fits it at start-up:
