@@ -160,10 +160,10 @@ class ErrorFeedback(CompressorWrapper):
         if not momentum:
             self.results.pop(ctx.name, None)
             return result
-        previous = self.results.get(ctx.name)
-        if previous is None or previous.shape != result.shape:
+        if not self._corrects(result, ctx):
             self.results[ctx.name] = result.copy()
             return result
+        previous = self.results[ctx.name]
         if owned and previous.dtype == result.dtype:
             velocity_step_(result, previous, momentum)  # one pass, the bits of the two below
             self.results[ctx.name] = previous
@@ -174,6 +174,13 @@ class ErrorFeedback(CompressorWrapper):
         previous *= previous.dtype.type(-momentum)
         previous += result
         return previous
+
+    def _corrects(self, result: object, ctx: Context) -> bool:
+        """Whether ``_velocity_step`` changes ``result``: momentum, and a kept ``R_{t-1}``
+        of ``result``'s shape."""
+        previous = self.results.get(ctx.name)
+        return (bool(ctx.data.get(_MOMENTUM, 0.0)) and previous is not None
+                and previous.shape == result.shape)
 
     def decompress(self, payloads: list, ctx: Context) -> object:
         out = self.inner.decompress(payloads, ctx)
@@ -196,9 +203,7 @@ class ErrorFeedback(CompressorWrapper):
         support = self.inner.decompress_all_into(per_rank, ctx, op, out)
         if support is None:
             return None
-        previous = self.results.get(ctx.name)
-        corrected = (bool(ctx.data.get(_MOMENTUM, 0.0)) and previous is not None
-                     and previous.shape == out.shape)
+        corrected = self._corrects(out, ctx)
         # ``out`` is never kept by ``_velocity_step`` (owned: corrected in place, or copied)
         value = self._velocity_step(out, ctx, owned=True)
         if value is not out:  # the kept result has another dtype: corrected out of place
